@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import torch
 
-from . import _api
+from . import _api, layouts, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
 from ._api import available_backends
 from .mx import mx_dequantize
+from .nn import ClampedSwiGLU, MXGradient, clamped_swiglu, swiglu_mx_backward
 
 __version__ = "0.1.0"
 
 
-def swiglu_group_grad(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=0.0, *,
-                      backend="auto", out=None):
+def swiglu_group_grad(
+    grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=0.0, *, backend="auto", out=None
+):
     """Backward of ``y = silu(min(g, c)) * clip(u, -c, c) * weight`` with a group row mask.
 
     Args:
@@ -41,13 +43,24 @@ def swiglu_group_grad(grad_y, x, weight=None, y_origin=None, group_index=None, c
         It is **not** divided by weight: pass the *unweighted* forward output as ``y_origin`` to get the
         true dL/dweight (``swiglu_ops.ClampedSwiGLU`` does this).
     """
-    return _api.swiglu_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit, backend=backend,
-                                  out=out)
+    return _api.swiglu_group_grad(
+        grad_y, x, weight, y_origin, group_index, clamp_limit, backend=backend, out=out
+    )
 
 
-def swiglu_backward_mx_quant_dual_axis(x, y_grad, group_index=None, *, activate_left=True, round_mode="rint",
-                                       scale_alg=1, dst_dtype=torch.float8_e4m3fn, max_dtype_value=0.0,
-                                       backend="auto", out=None):
+def swiglu_backward_mx_quant_dual_axis(
+    x,
+    y_grad,
+    group_index=None,
+    *,
+    activate_left=True,
+    round_mode="rint",
+    scale_alg=1,
+    dst_dtype=torch.float8_e4m3fn,
+    max_dtype_value=0.0,
+    backend="auto",
+    out=None,
+):
     """SwiGLU backward, rounded to x's dtype, then MX-quantised along both axes in one pass.
 
     Args:
@@ -67,8 +80,17 @@ def swiglu_backward_mx_quant_dual_axis(x, y_grad, group_index=None, *, activate_
         ``torch.float8_e8m0fnu`` (``.view(torch.uint8)`` gives the raw E8M0 codes).
     """
     return _api.swiglu_backward_mx_quant_dual_axis(
-        x, y_grad, group_index, activate_left=activate_left, round_mode=round_mode, scale_alg=scale_alg,
-        dst_dtype=dst_dtype, max_dtype_value=max_dtype_value, backend=backend, out=out)
+        x,
+        y_grad,
+        group_index,
+        activate_left=activate_left,
+        round_mode=round_mode,
+        scale_alg=scale_alg,
+        dst_dtype=dst_dtype,
+        max_dtype_value=max_dtype_value,
+        backend=backend,
+        out=out,
+    )
 
 
 __all__ = [
@@ -76,5 +98,10 @@ __all__ = [
     "swiglu_backward_mx_quant_dual_axis",
     "mx_dequantize",
     "available_backends",
+    "layouts",
+    "ClampedSwiGLU",
+    "clamped_swiglu",
+    "swiglu_mx_backward",
+    "MXGradient",
     "__version__",
 ]
