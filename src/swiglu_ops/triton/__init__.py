@@ -1,0 +1,91 @@
+"""The Triton backend: one fused kernel per operator, for CUDA tensors (Hopper and newer; nothing in the
+kernels is sm_100-only). With ``TRITON_INTERPRET=1`` set before this package is imported, the same kernels
+run on CPU tensors through Triton's interpreter, which is how CI checks them without a GPU.
+
+The entry points follow the kernel contract in :mod:`swiglu_ops._api`. The launch path never synchronises
+with the device: grids are sized from shapes and the number of groups only, and ``valid_rows`` and the
+group ends are read inside the kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import torch
+import triton
+
+from . import _kernels
+from ._kernels import INTERPRETED
+
+NAME = "triton"
+
+#: Launch options of every kernel: the spec forbids contracting its multiplies and adds into FMAs.
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
+
+# swiglu_bwd_mx_quant: a tile is 32 rows x MX_BLOCK_N column pairs; group ends are scanned in chunks.
+MX_BLOCK_N = 64
+MX_GROUP_CHUNK = 128
+MX_NUM_WARPS = 8
+# swiglu_group_grad: a tile is GROUP_GRAD_ROWS rows x GROUP_GRAD_BLOCK_H hidden columns (2048 elements).
+GROUP_GRAD_ROWS = 8
+GROUP_GRAD_BLOCK_H = 256
+GROUP_GRAD_NUM_WARPS = 8
+
+
+def is_available(device) -> tuple[bool, str]:
+    device = torch.device(device)
+    if device.type == "cuda":
+        if INTERPRETED:
+            return False, "TRITON_INTERPRET=1 was set when swiglu_ops.triton was imported"
+        return True, ""
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return False, "CPU tensors need TRITON_INTERPRET=1 (Triton's interpreter)"
+        if not INTERPRETED:
+            return False, "TRITON_INTERPRET=1 must be set before swiglu_ops.triton is imported"
+        return True, ""
+    return False, f"Triton kernels run on CUDA tensors, not {device.type}"
+
+
+# -------------------------------------------------------------------------------- swiglu_group_grad
+
+
+def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
+    rows, hidden = dy.shape
+    _kernels.swiglu_group_grad_kernel[(triton.cdiv(rows, GROUP_GRAD_ROWS),)](
+        dy, x, weight, y_origin, valid_rows, grad_x, grad_weight,
+        rows, hidden, clamp,
+        HAS_WEIGHT=weight is not None, HAS_MASK=valid_rows is not None, ROWS=GROUP_GRAD_ROWS,
+        BLOCK_H=GROUP_GRAD_BLOCK_H,
+        num_warps=GROUP_GRAD_NUM_WARPS, **LAUNCH_OPTIONS,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ swiglu_bwd_mx_quant
+
+
+def mx_blocks_per_slice(m: int, num_groups: int | None) -> int:
+    """Row-block programs per batch slice: every 32-row block of every group (and of the tail past the last
+    end) gets one. Groups add at most one partial block each: sum(ceil(n_g / 32)) <= ceil(M / 32) + G + 1."""
+    blocks = triton.cdiv(m, 32)
+    return blocks if num_groups is None else blocks + num_groups + 1
+
+
+def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1, y2, s2) -> None:
+    batch, m, c = x.shape
+    n = c // 2
+    num_groups = None if group_ends is None else group_ends.numel()
+    blocks = mx_blocks_per_slice(m, num_groups)
+    grid = (batch * blocks, triton.cdiv(n, MX_BLOCK_N))
+    inv_max = struct.unpack("<f", struct.pack("<I", fmt.inv_max_bits))[0]  # exactly fp32(1 / max)
+    _kernels.swiglu_bwd_mx_quant_kernel[grid](
+        x, dy, group_ends, y1, s1, y2, s2,
+        m, n, num_groups or 0, blocks, s2.shape[1], 0 if activate_left else n, scale_alg,
+        inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
+        GROUPED=group_ends is not None, BLOCK_N=MX_BLOCK_N, GROUP_CHUNK=MX_GROUP_CHUNK,
+        num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
+    )  # fmt: skip
+
+
+__all__ = ["NAME", "is_available", "swiglu_group_grad", "swiglu_bwd_mx_quant"]

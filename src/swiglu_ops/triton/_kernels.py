@@ -1,0 +1,341 @@
+"""The Triton kernels. One fused kernel per operator; every numeric rule mirrors :mod:`swiglu_ops.mx` and
+the reference backend, written so that it runs identically on a GPU and under ``TRITON_INTERPRET=1``:
+
+- 16-bit roundings and FP8 / E8M0 codes are integer arithmetic on IEEE bit patterns (the interpreter's
+  fp32->bf16 and fp8 casts truncate, and hardware fp8 casts turn NaN into 0x7F where the contract wants 0x00).
+- The only floating-point operations are the spec's fp32 multiplies/adds in the spec's order (launched with
+  ``enable_fp_fusion=False``, so neither LLVM nor ptxas contracts them into FMAs), an IEEE division
+  (``div_rn``: a plain ``/`` lowers to the approximate ``div.full.f32``), ``exp`` and the exact scaling
+  multiply of the MX rule (``amax * fp32(1/max)``, ``v * 2**(127 - E)``).
+- ``exp`` is libdevice's ``__nv_expf`` on the GPU (at most 2 ulp from the correctly rounded value; ``tl.exp``
+  would be ``ex2.approx`` of an already rounded ``x * log2(e)``, whose error grows with ``|x|``). The
+  interpreter does not implement libdevice and runs NumPy's ``exp``.
+- All offsets are int64; no kernel needs anything from the host but shapes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+#: Kernels are built for the interpreter when ``TRITON_INTERPRET=1`` is set at import time (Triton reads it
+#: when ``@triton.jit`` runs); libdevice has no interpreter implementation.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_LIBDEVICE_EXP = tl.constexpr(not INTERPRETED)
+
+#: Rows of one column-wise MX block (and of the dual-axis tile).
+MX_BLOCK = tl.constexpr(32)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+@triton.jit
+def _exp(v):
+    if _LIBDEVICE_EXP:
+        return libdevice.exp(v)
+    else:
+        return tl.exp(v)
+
+
+@triton.jit
+def _sigmoid(v):
+    """``1 / (1 + exp(-v))`` with an IEEE division."""
+    return tl.math.div_rn(1.0, 1.0 + _exp(-v))
+
+
+@triton.jit
+def _widen(v):
+    """Exact widening to fp32. bf16 goes through its bits (the interpreter mis-converts bf16 subnormals)."""
+    if v.dtype == tl.bfloat16:
+        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _bf16_bits_rne(v):
+    """fp32 -> bf16 bit pattern (int32 in [0, 0xFFFF]), round-to-nearest-even, overflow -> inf, NaN kept."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = bits & -0x80000000
+    mag = bits & 0x7FFFFFFF
+    rounded = (mag + 0x7FFF + ((mag >> 16) & 1)) >> 16
+    rounded = tl.where(mag > 0x7F800000, 0x7FC0, rounded)
+    return rounded | ((sign >> 16) & 0x8000)
+
+
+@triton.jit
+def _store_grad(ptr, v, mask, OUT_DTYPE: tl.constexpr):
+    """Store fp32 ``v`` rounded (RNE, no saturation) to the output dtype."""
+    if OUT_DTYPE == tl.bfloat16:
+        tl.store(ptr, _bf16_bits_rne(v).to(tl.int16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr, v.to(OUT_DTYPE), mask=mask)
+
+
+@triton.jit
+def _round_to_dtype(v, DTYPE: tl.constexpr):
+    """fp32 ``v`` rounded to ``DTYPE`` (RNE, no saturation), returned as (fp32 bits, |bits| for the amax).
+
+    The magnitude bits compare like the values (NaN above inf), so an integer max is the spec's amax.
+    """
+    if DTYPE == tl.bfloat16:
+        b16 = _bf16_bits_rne(v)
+        return b16 << 16, b16 & 0x7FFF
+    elif DTYPE == tl.float16:
+        h = v.to(tl.float16)
+        return h.to(tl.float32).to(tl.int32, bitcast=True), h.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+    else:
+        bits = v.to(tl.int32, bitcast=True)
+        return bits, bits & 0x7FFFFFFF
+
+
+@triton.jit
+def _amax_f32_bits(mag, DTYPE: tl.constexpr):
+    """Exact fp32 widening (as bits) of a magnitude bit pattern of ``DTYPE``."""
+    if DTYPE == tl.bfloat16:
+        return mag << 16
+    elif DTYPE == tl.float16:
+        return mag.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+    else:
+        return mag
+
+
+@triton.jit
+def _scale_code(amax, scale_alg, inv_max, emax):
+    """E8M0 code (int32) and fp32 element multiplier from block amax fp32 bits: ``mx.scale_codes`` and
+    ``mx.scale_reciprocal`` (scale_alg 1 = RCEIL, 0 = OCP floor)."""
+    finite = amax < 0x7F800000
+    p = (amax.to(tl.float32, bitcast=True) * inv_max).to(tl.int32, bitcast=True)
+    e = p >> 23
+    mf = p & 0x7FFFFF
+    up = ((e > 0) & (e < 254) & (mf > 0)) | ((e == 0) & (mf > 0x400000))
+    ef = amax >> 23
+    rceil = scale_alg == 1
+    code = tl.where(rceil, e + up.to(tl.int32), tl.maximum(ef - emax, 0))
+    zero = (amax == 0) | ((ef == 0) & (scale_alg == 0))
+    code = tl.where(finite, tl.where(zero, 0, code), 0xFF)
+    # 2**(127 - code) as fp32 bits (code 254 is the subnormal 2**-127); 0 for zero blocks, NaN for NaN ones.
+    recip = tl.where(code < 254, (254 - code) << 23, 0x400000)
+    recip = tl.where(zero, 0, recip)
+    recip = tl.where(finite, recip, 0x7FC00000)
+    return code, recip.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp8_code(v, mbits, bias, max_code):
+    """``mx.fp8_encode`` of fp32 ``v``: saturating round-to-nearest-even FP8 code (int32), NaN -> 0x00."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & 0x7FFFFFFF
+    exp_field = a >> 23
+    normal32 = exp_field > 0
+    mant = (a & 0x7FFFFF) | tl.where(normal32, 0x800000, 0)
+    e = tl.where(normal32, exp_field - 127, -126)
+    emin = 1 - bias
+    shift = tl.minimum(tl.maximum(tl.maximum(e, emin) - mbits - (e - 23), 0), 30)
+    q = mant >> shift
+    rem = mant - (q << shift)
+    half = tl.where(shift > 0, 1 << tl.maximum(shift - 1, 0), 0)
+    q += ((rem > half) | ((rem == half) & (shift > 0) & ((q & 1) == 1))).to(tl.int32)
+    code = tl.where(e >= emin, ((e + bias - 1) << mbits) + q, q)
+    code = tl.minimum(code, max_code)
+    return tl.where(a > 0x7F800000, 0, code | sign)
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+# ---------------------------------------------------------------------------------- swiglu_group_grad
+
+
+@triton.jit(do_not_specialize=["rows"])
+def swiglu_group_grad_kernel(
+    dy_ptr, x_ptr, w_ptr, yo_ptr, valid_ptr, gx_ptr, gw_ptr,
+    rows, hidden, clamp,
+    HAS_WEIGHT: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """grad_x (and grad_weight) of ``ROWS`` rows, streaming over the hidden dim in ``BLOCK_H`` chunks.
+
+    Spec swiglu_group_grad.md section 3 in its operation order; grad_weight is the fp32 sum of the
+    ``dy * y_origin`` products: a fixed tree inside each chunk, chunks added in order (deterministic; not
+    NumPy's pairwise order, see docs/triton_backend.md).
+    """
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = r < rows
+    has_clamp = clamp > 0.0
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + r, mask=row_ok, other=0.0)[:, None]
+        gw = tl.zeros([ROWS], dtype=tl.float32)
+    if HAS_MASK:
+        m_r = tl.where(r < tl.load(valid_ptr), 1.0, 0.0)[:, None]
+    for h0 in range(0, hidden, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        mask = row_ok[:, None] & (h < hidden)[None, :]
+        offs = r[:, None] * hidden + h[None, :]
+        x_offs = r[:, None] * (2 * hidden) + h[None, :]
+        dy = _widen(tl.load(dy_ptr + offs, mask=mask, other=0.0))
+        g = _widen(tl.load(x_ptr + x_offs, mask=mask, other=0.0))
+        u = _widen(tl.load(x_ptr + x_offs + hidden, mask=mask, other=0.0))
+        # Clamp (open intervals on the raw inputs; min/clip keep NaN). Multiplying by a mask of 1.0 is
+        # bit-identical to skipping it, so one code path serves both settings.
+        m_g = tl.where(has_clamp & ~(g < clamp), 0.0, 1.0)
+        m_u = tl.where(has_clamp & ~((u < clamp) & (-u < clamp)), 0.0, 1.0)
+        g = tl.where(has_clamp & (g > clamp), clamp, g)
+        u = tl.where(has_clamp & (u > clamp), clamp, tl.where(has_clamp & (u < -clamp), -clamp, u))
+        s = _sigmoid(g)
+        f = tl.where(g == float("-inf"), 0.0, g * s)
+        sp = (s + f) - (f * s)
+        sp = tl.where(g == float("inf"), 1.0, tl.where(g == float("-inf"), 0.0, sp))
+        dg = (dy * sp) * u
+        du = dy * f
+        if HAS_WEIGHT:
+            dg = dg * w
+            du = du * w
+        dg = dg * m_g
+        du = du * m_u
+        if HAS_MASK:
+            dg = dg * m_r
+            du = du * m_r
+        _store_grad(gx_ptr + x_offs, dg, mask, gx_ptr.dtype.element_ty)
+        _store_grad(gx_ptr + x_offs + hidden, du, mask, gx_ptr.dtype.element_ty)
+        if HAS_WEIGHT:
+            yo = _widen(tl.load(yo_ptr + offs, mask=mask, other=0.0))
+            gw += tl.sum(dy * yo, axis=1)
+    if HAS_WEIGHT:
+        tl.store(gw_ptr + r, 0.0 + gw, mask=row_ok)
+
+
+# ------------------------------------------------------------------------ swiglu_bwd_mx_quant (dual)
+
+
+@triton.jit
+def _locate_block(ends_ptr, num_groups, m, rb, GROUP_CHUNK: tl.constexpr):
+    """Which 32-row block the row-block program ``rb`` owns: ``(group, start, end, t)``.
+
+    Segments are the G groups, each end clamped into [previous end, M] (``mx.clamp_group_ends``), then the
+    tail [last end, M) as segment G. Blocks are numbered segment after segment, ``ceil(n / 32)`` each; the
+    program owns block ``t`` of its segment. A program past the last block gets an empty range.
+    """
+    zero = tl.zeros((), dtype=tl.int64)
+    done = zero  # blocks of the segments already scanned
+    run_max = zero  # max(0, raw ends of the earlier chunks)
+    group = zero
+    start = zero
+    end = zero
+    t = zero
+    for c0 in range(0, num_groups + 1, GROUP_CHUNK):
+        idx = c0 + tl.arange(0, GROUP_CHUNK)
+        raw_end = tl.load(ends_ptr + idx, mask=idx < num_groups, other=m)
+        raw_prev = tl.load(ends_ptr + idx - 1, mask=(idx >= 1) & (idx <= num_groups), other=0)
+        raw_prev = tl.where(idx > num_groups, m, raw_prev)
+        seg_end = tl.minimum(tl.maximum(tl.associative_scan(raw_end, 0, _max_combine), run_max), m)
+        seg_start = tl.minimum(tl.maximum(tl.associative_scan(raw_prev, 0, _max_combine), run_max), m)
+        nblk = (seg_end - seg_start + (MX_BLOCK - 1)) // MX_BLOCK
+        last = done + tl.cumsum(nblk, 0)  # blocks up to and including each segment
+        mine = (last > rb) & (last - nblk <= rb)
+        group += tl.sum(tl.where(mine, idx, 0))
+        start += tl.sum(tl.where(mine, seg_start, 0))
+        end += tl.sum(tl.where(mine, seg_end, 0))
+        t += tl.sum(tl.where(mine, rb - (last - nblk), 0))
+        done += tl.sum(nblk)
+        run_max = tl.maximum(run_max, tl.max(raw_end))
+    return group, start, end, t
+
+
+@triton.jit(
+    do_not_specialize=[
+        "m",
+        "num_groups",
+        "blocks_per_slice",
+        "s2_rows",
+        "scale_alg",
+        "emax",
+        "mbits",
+        "bias",
+        "max_code",
+    ]
+)
+def swiglu_bwd_mx_quant_kernel(
+    x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
+    m, n, num_groups, blocks_per_slice, s2_rows, a_col, scale_alg, inv_max, emax, mbits, bias, max_code,
+    GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """One 32-row block x ``BLOCK_N`` column pairs (A and B halves) of one batch slice.
+
+    Computes the gradient tile once, rounds it to x's dtype, and derives from the same registers the
+    row-wise blocks (32 columns, -> y1/mxscale1) and the column-wise blocks (32 rows, -> y2/mxscale2).
+    Rows of the tail (past the last clamped group end) are loaded as zeros, so they quantise to code 0
+    and scale 0; their mxscale2 slots are never written (the caller zero-filled them).
+    """
+    pid = tl.program_id(0)
+    batch = pid // blocks_per_slice
+    rb = pid % blocks_per_slice
+    if GROUPED:
+        group, start, end, t = _locate_block(ends_ptr, num_groups, m, rb.to(tl.int64), GROUP_CHUNK)
+        in_group = group < num_groups
+        base = start // 64 + group
+        # The tail segment (rows past the last group end) loads nothing, so it quantises zeros.
+        load_end = tl.where(in_group, end, start)
+        scale2_cols = tl.where(in_group, n, 0)
+    else:
+        start = 0
+        end = m
+        t = rb.to(tl.int64)
+        base = 0
+        load_end = m
+        scale2_cols = n
+    row0 = start + MX_BLOCK * t
+    row_end = tl.minimum(row0 + MX_BLOCK, end)
+    if row0 >= row_end:
+        return
+    NB: tl.constexpr = BLOCK_N // MX_BLOCK
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    c = 2 * n
+    b_col = n - a_col
+    # Tile [32 rows, NB row-wise blocks, 32 lanes]; column j = tile start + 32 * block + lane (< n).
+    row = batch.to(tl.int64) * m + row0 + tl.arange(0, MX_BLOCK)[:, None]  # flattened [B*M] row, [32, 1]
+    rows_ok = row < batch.to(tl.int64) * m + row_end
+    # Row-wise block index within the half, [1, NB].
+    blk = tl.program_id(1).to(tl.int64) * NB + tl.arange(0, NB)[None, :]
+    blk_ok = blk * MX_BLOCK < n
+    j = blk[:, :, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, None, :]  # [1, NB, 32]
+    row3 = row[:, :, None]
+    store_ok = (rows_ok & blk_ok)[:, :, None]
+    load_ok = (row < batch.to(tl.int64) * m + load_end)[:, :, None] & store_ok
+    a = _widen(tl.load(x_ptr + row3 * c + a_col + j, mask=load_ok, other=0.0))
+    b = _widen(tl.load(x_ptr + row3 * c + b_col + j, mask=load_ok, other=0.0))
+    g = _widen(tl.load(dy_ptr + row3 * n + j, mask=load_ok, other=0.0))
+    # Stage 1 (spec 2.2), fp32, kernel order.
+    s = _sigmoid(a)
+    tt = ((-s) + 1.0) * a + 1.0
+    grad_a = ((tt * b) * s) * g
+    grad_b = (s * g) * a
+    # mxscale2 [B, R, C, 2]: block t of the segment -> row base + t // 2, slot t % 2.
+    s2_off = ((batch.to(tl.int64) * s2_rows + base + t // 2) * c + j) * 2 + t % 2  # [1, NB, 32]
+    for half in tl.static_range(2):
+        if half == 0:
+            grad = grad_a
+            col = a_col
+        else:
+            grad = grad_b
+            col = b_col
+        bits, mag = _round_to_dtype(grad, DTYPE)
+        v = bits.to(tl.float32, bitcast=True)
+        # -1 axis: 32 consecutive columns of one row.
+        code1, recip1 = _scale_code(_amax_f32_bits(tl.max(mag, axis=2), DTYPE), scale_alg, inv_max, emax)
+        y1 = _fp8_code(v * recip1[:, :, None], mbits, bias, max_code)
+        tl.store(y1_ptr + row3 * c + col + j, y1.to(tl.uint8), mask=store_ok)
+        tl.store(
+            s1_ptr + row * (c // MX_BLOCK) + col // MX_BLOCK + blk, code1.to(tl.uint8), mask=rows_ok & blk_ok
+        )
+        # -2 axis: 32 rows of one column (rows past the block end were loaded as zeros = the padding).
+        code2, recip2 = _scale_code(_amax_f32_bits(tl.max(mag, axis=0), DTYPE), scale_alg, inv_max, emax)
+        y2 = _fp8_code(v * recip2[None, :, :], mbits, bias, max_code)
+        tl.store(y2_ptr + row3 * c + col + j, y2.to(tl.uint8), mask=store_ok)
+        tl.store(s2_ptr + s2_off + 2 * col, code2[None, :, :].to(tl.uint8), mask=j < scale2_cols)

@@ -1,0 +1,311 @@
+"""The Triton backend against the reference, elementwise, on small awkward shapes.
+
+Without a GPU the kernels run on CPU tensors under Triton's interpreter. Triton decides interpreter or
+compiled mode when ``@triton.jit`` runs, i.e. when ``swiglu_ops.triton`` is first imported, so this module
+sets ``TRITON_INTERPRET=1`` before that import. If another module imported the backend first in compiled
+mode (no GPU, variable unset), the same tests run in a child pytest process with the variable set.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA and "swiglu_ops.triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+import swiglu_ops  # noqa: E402
+from swiglu_ops import _api, mx  # noqa: E402
+from swiglu_ops import triton as triton_backend  # noqa: E402
+from swiglu_ops.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
+
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+IN_PROCESS, WHY_NOT = triton_backend.is_available(DEVICE)
+in_process = pytest.mark.skipif(not IN_PROCESS, reason=f"runs in a child process ({WHY_NOT})")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def test_in_child_process_when_imported_too_early():
+    if IN_PROCESS:
+        pytest.skip("the Triton backend runs in this process")
+    if HAS_CUDA:
+        pytest.fail(f"triton backend unavailable on CUDA: {WHY_NOT}")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def _equal_codes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    got, want = got.view(torch.uint8), want.view(torch.uint8)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, (
+        f"{what}: {bad.shape[0]} of {want.numel()} codes differ, first at {bad[:5].tolist()}"
+    )
+
+
+def _ulp_distance(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Units in the last place between same-dtype floats (0 where both are NaN)."""
+    bits = {
+        torch.float32: (torch.int32, 31),
+        torch.float16: (torch.int16, 15),
+        torch.bfloat16: (torch.int16, 15),
+    }
+    ints, top = bits[want.dtype]
+
+    def ordered(t):
+        b = t.view(ints).to(torch.int64)
+        mag = b & ((1 << top) - 1)
+        return torch.where(b < 0, -mag, mag)
+
+    dist = (ordered(got) - ordered(want)).abs()
+    return torch.where(got.isnan() & want.isnan(), 0, torch.where(got.isnan() | want.isnan(), 1 << 40, dist))
+
+
+def _close_values(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Contract section 3 for a backend with its own exp. fp32: within 4 ulp, except where silu'(g) =
+    s + f - f*s cancels (g near -1.28) and amplifies any exp difference; there within 1e-5 relative of
+    the operands' scale. bf16/fp16: identical except rare near-tie positions one unit apart (1 in 10,000,
+    at least 2 allowed on these small shapes)."""
+    dist = _ulp_distance(got, want)
+    if want.dtype == torch.float32:
+        far = dist > 4
+        assert int(far.sum()) <= max(2, want.numel() // 100), f"{what}: {int(far.sum())} values > 4 ulp apart"
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, msg=what)
+        return
+    assert dist.max() <= 1, f"{what}: {int(dist.max())} units apart at {(dist > 1).nonzero()[:5].tolist()}"
+    allowed = max(2, want.numel() // 10_000)
+    assert int((dist > 0).sum()) <= allowed, f"{what}: {int((dist > 0).sum())} near-tie differences"
+
+
+def _randn(*shape, dtype, scale=1.0, gen):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(DEVICE)
+
+
+# ------------------------------------------------------------------------- swiglu_backward_mx_quant
+
+
+def _check_mx(x, y_grad, group_index=None, **kw):
+    got = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, y_grad, group_index, backend="triton", **kw)
+    want = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+        x.cpu(), y_grad.cpu(), None if group_index is None else group_index.cpu(), backend="reference", **kw
+    )
+    for name, g, w in zip(("y1", "mxscale1", "y2", "mxscale2"), got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        _equal_codes(g.cpu(), w, name)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("m", "c", "groups"),
+    [
+        (1, 64, None),
+        (33, 192, None),
+        (100, 128, [10, 10, 70, 100]),
+        (130, 64, [64, 128, 130]),
+        (70, 320, [0, 5, 5, 70]),
+    ],
+)
+def test_mx_quant_matches_reference(dtype, m, c, groups):
+    gen = torch.Generator().manual_seed(m * c)
+    x = _randn(m, c, dtype=dtype, scale=3.0, gen=gen)
+    y_grad = _randn(m, c // 2, dtype=dtype, gen=gen)
+    gi = None if groups is None else torch.tensor(groups, device=DEVICE)
+    _check_mx(x, y_grad, gi)
+
+
+@in_process
+@pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scale_alg", [0, 1])
+@pytest.mark.parametrize("activate_left", [True, False])
+def test_mx_quant_options(dst_dtype, scale_alg, activate_left):
+    gen = torch.Generator().manual_seed(7)
+    x = _randn(77, 192, dtype=torch.bfloat16, scale=4.0, gen=gen)
+    y_grad = _randn(77, 96, dtype=torch.bfloat16, scale=100.0, gen=gen)
+    gi = torch.tensor([3, 40, 77], dtype=torch.int32, device=DEVICE)
+    _check_mx(x, y_grad, gi, dst_dtype=dst_dtype, scale_alg=scale_alg, activate_left=activate_left)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mx_quant_special_values(dtype):
+    """NaN/inf blocks, signed zeros, subnormal gradients, fp16 overflow to inf (then a NaN/inf block)."""
+    gen = torch.Generator().manual_seed(3)
+    x = _randn(65, 128, dtype=dtype, scale=2.0, gen=gen).cpu()
+    y_grad = _randn(65, 64, dtype=dtype, gen=gen).cpu()
+    x[0, 0] = torch.nan
+    x[5, 70] = torch.inf
+    x[9, 3] = -torch.inf
+    y_grad[40:, 32:] = -0.0
+    y_grad[20, :] = 1e-38  # subnormal (bf16/fp32) or zero (fp16) gradients
+    x[30, 64:] = 60000.0 if dtype == torch.float16 else 3e38  # fp16: |grad| > 65504 -> inf
+    y_grad[30, :] = 8.0
+    for scale_alg in (0, 1):
+        _check_mx(x.to(DEVICE), y_grad.to(DEVICE), torch.tensor([20, 65], device=DEVICE), scale_alg=scale_alg)
+        _check_mx(x.to(DEVICE), y_grad.to(DEVICE), scale_alg=scale_alg, dst_dtype=torch.float8_e5m2)
+
+
+@in_process
+def test_mx_quant_batched():
+    gen = torch.Generator().manual_seed(11)
+    x = _randn(2, 3, 40, 128, dtype=torch.bfloat16, gen=gen)
+    y_grad = _randn(2, 3, 40, 64, dtype=torch.bfloat16, gen=gen)
+    _check_mx(x, y_grad)
+
+
+@in_process
+def test_mx_quant_golden_case():
+    """Operator document 5.1: ones[4, 64] bf16, group_index [2, 4]."""
+    x = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    y1, s1, y2, s2 = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+        x,
+        torch.ones(4, 32, dtype=torch.bfloat16, device=DEVICE),
+        torch.tensor([2, 4], device=DEVICE),
+        backend="triton",
+    )
+    row = torch.tensor([0x77] * 32 + [0x7C] * 32, dtype=torch.uint8)
+    assert torch.equal(y1.view(torch.uint8).cpu(), row.expand(4, 64))
+    assert torch.equal(y2.view(torch.uint8).cpu(), row.expand(4, 64))
+    assert torch.equal(
+        s1.view(torch.uint8).cpu(), torch.tensor([[119, 118]], dtype=torch.uint8).expand(4, 1, 2)
+    )
+    slots = torch.tensor([[119, 0]] * 32 + [[118, 0]] * 32, dtype=torch.uint8)
+    assert torch.equal(s2.view(torch.uint8).cpu(), slots.expand(2, 64, 2))
+
+
+@in_process
+@pytest.mark.parametrize("ends", [[-5, 3, 2, 1000], [0, 0], [7, 3], [1 << 40, 2]])
+def test_mx_quant_clamps_invalid_device_group_ends(ends):
+    """The device path never validates the ends: calling the backend directly with out-of-range values must
+    stay in bounds (clamped like mx.clamp_group_ends), write zeros past the last clamped end, and leave the
+    zero-filled mxscale2 rows that no group maps to untouched."""
+    m, c = 40, 64
+    gen = torch.Generator().manual_seed(5)
+    x = _randn(1, m, c, dtype=torch.bfloat16, scale=2.0, gen=gen)
+    dy = _randn(1, m, c // 2, dtype=torch.bfloat16, gen=gen)
+    ends_t = torch.tensor(ends, dtype=torch.int64, device=DEVICE)
+    rows = mx.mxscale2_rows(m, len(ends))
+    # Guard bytes around every output catch writes out of bounds.
+    pad = 4096
+    bufs = [
+        torch.full((pad + n + pad,), 0xA5, dtype=torch.uint8, device=DEVICE) for n in (m * c, m * c // 32)
+    ]
+    bufs += [torch.full((pad + m * c + pad,), 0xA5, dtype=torch.uint8, device=DEVICE)]
+    bufs += [torch.full((pad + rows * c * 2 + pad,), 0xA5, dtype=torch.uint8, device=DEVICE)]
+    bufs[3][pad:-pad].zero_()
+    views = [
+        b[pad:-pad].view(shape)
+        for b, shape in zip(bufs, [(1, m, c), (1, m, c // 32), (1, m, c), (1, rows, c, 2)], strict=True)
+    ]
+    triton_backend.swiglu_bwd_mx_quant(x, dy, ends_t, True, 1, mx.E4M3FN, *views)
+    want = [torch.zeros(v.shape, dtype=torch.uint8) for v in views]
+    want[3].zero_()
+    reference_bwd_mx_quant(x.cpu(), dy.cpu(), ends_t.cpu(), True, 1, mx.E4M3FN, *want)
+    for name, v, w in zip(("y1", "s1", "y2", "s2"), views, want, strict=True):
+        _equal_codes(v.cpu(), w, name)
+    covered = mx.clamp_group_ends(ends_t.cpu(), m)[-1][1]
+    assert (
+        not views[0][:, covered:].any()
+        and not views[2][:, covered:].any()
+        and not views[1][:, covered:].any()
+    )
+    for b in bufs:
+        assert (b[:pad] == 0xA5).all() and (b[-pad:] == 0xA5).all(), "write out of bounds"
+
+
+# -------------------------------------------------------------------------------- swiglu_group_grad
+
+
+def _check_group_grad(dy, x, weight=None, y_origin=None, group_index=None, clamp=0.0):
+    got = swiglu_ops.swiglu_group_grad(dy, x, weight, y_origin, group_index, clamp, backend="triton")
+    cpu = [None if t is None else t.cpu() for t in (dy, x, weight, y_origin, group_index)]
+    want = swiglu_ops.swiglu_group_grad(*cpu, clamp, backend="reference")
+    _close_values(got[0].cpu(), want[0], "grad_x")
+    if weight is None:
+        assert got[1] is None
+    else:
+        assert got[1].shape == want[1].shape
+        # Not NumPy's pairwise order (docs/triton_backend.md): the contract allows 1e-5 relative.
+        torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 17, 96, 300])
+def test_group_grad_matches_reference(dtype, hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    rows = 37
+    dy = _randn(rows, hidden, dtype=dtype, gen=gen)
+    x = _randn(rows, 2 * hidden, dtype=dtype, scale=4.0, gen=gen)
+    _check_group_grad(dy, x)
+    w = torch.rand(rows, 1, generator=gen).to(DEVICE) + 0.5
+    yo = _randn(rows, hidden, dtype=dtype, gen=gen)
+    _check_group_grad(dy, x, w, yo, torch.tensor([20, -3, 5], device=DEVICE), clamp=2.5)
+
+
+@in_process
+@pytest.mark.parametrize("clamp", [0.0, 1.0, float("inf")])
+def test_group_grad_special_values(clamp):
+    """NaN/inf inputs, clamp boundaries, huge gates, masked rows, fp16 overflow."""
+    gen = torch.Generator().manual_seed(1)
+    dy = _randn(9, 40, dtype=torch.float16, gen=gen).cpu()
+    x = _randn(9, 80, dtype=torch.float16, scale=4.0, gen=gen).cpu()
+    x[0, :6] = torch.tensor([torch.nan, torch.inf, -torch.inf, 1.0, -1.0, 40000.0])
+    x[1, 40:46] = torch.tensor([torch.nan, torch.inf, -torch.inf, 1.0, -1.0, -0.0])
+    x[2, :] = 300.0
+    dy[2, :] = 60000.0  # dg, du overflow fp16 -> inf
+    dy[3, :] = -0.0
+    for gi in (None, torch.tensor([6], dtype=torch.int32)):
+        args = [t.to(DEVICE) for t in (dy, x)]
+        _check_group_grad(*args, group_index=None if gi is None else gi.to(DEVICE), clamp=clamp)
+
+
+@in_process
+def test_group_grad_rank3_int32_groups_and_weight_shape():
+    gen = torch.Generator().manual_seed(2)
+    dy = _randn(2, 5, 24, dtype=torch.bfloat16, gen=gen)
+    x = _randn(2, 5, 48, dtype=torch.bfloat16, scale=3.0, gen=gen)
+    w = torch.rand(10, generator=gen).to(DEVICE)
+    yo = _randn(2, 5, 24, dtype=torch.bfloat16, gen=gen)
+    _check_group_grad(dy, x, w, yo, torch.tensor([4, 3], dtype=torch.int32, device=DEVICE), clamp=1.5)
+
+
+@in_process
+def test_group_grad_weight_sum_tolerance_is_tight():
+    """grad_weight of wide rows with cancellation stays within the contract's 1e-5 of the NumPy order."""
+    gen = torch.Generator().manual_seed(9)
+    rows, hidden = 6, 3000
+    dy = _randn(rows, hidden, dtype=torch.float32, gen=gen)
+    x = _randn(rows, 2 * hidden, dtype=torch.float32, gen=gen)
+    w = torch.ones(rows, device=DEVICE)
+    yo = (dy.cpu() * (1 + torch.rand(rows, hidden, generator=gen))).to(DEVICE)  # all products positive
+    _check_group_grad(dy, x, w, yo)
+
+
+@in_process
+def test_group_grad_is_deterministic():
+    gen = torch.Generator().manual_seed(4)
+    args = (
+        _randn(33, 700, dtype=torch.bfloat16, gen=gen),
+        _randn(33, 1400, dtype=torch.bfloat16, gen=gen),
+        torch.rand(33, generator=gen).to(DEVICE),
+        _randn(33, 700, dtype=torch.bfloat16, gen=gen),
+    )
+    first = swiglu_ops.swiglu_group_grad(*args, backend="triton")
+    second = swiglu_ops.swiglu_group_grad(*args, backend="triton")
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def test_availability_contract():
+    ok, why = triton_backend.is_available("meta")
+    assert not ok and "meta" in why
+    if not HAS_CUDA and IN_PROCESS:
+        assert _api.resolve_backend("triton", torch.device("cpu")) is triton_backend
