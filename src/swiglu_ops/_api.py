@@ -51,7 +51,10 @@ def backend_status(name: str, device: torch.device) -> tuple[bool, str]:
         module = _load(name)
     except ImportError as exc:  # optional dependency (numba, triton) missing
         return False, f"cannot import its dependencies ({exc})"
-    return module.is_available(device)
+    is_available = getattr(module, "is_available", None)
+    if is_available is None:  # e.g. a partial install that left only a namespace package
+        return False, f"{module.__name__} is incomplete (no is_available)"
+    return is_available(device)
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:

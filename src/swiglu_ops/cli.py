@@ -44,22 +44,38 @@ def make_moe_problem(tokens_per_expert, d_model: int, hidden: int, clamp: float,
     gen = torch.Generator().manual_seed(seed)
     t = sum(tokens_per_expert)
     x = torch.randn(t, d_model, generator=gen).bfloat16()
-    w1 = [(torch.randn(d_model, 2 * hidden, generator=gen) / d_model**0.5).bfloat16() for _ in tokens_per_expert]
+    w1 = [
+        (torch.randn(d_model, 2 * hidden, generator=gen) / d_model**0.5).bfloat16() for _ in tokens_per_expert
+    ]
     ends = torch.tensor(tokens_per_expert).cumsum(0)
     starts = ends - torch.tensor(tokens_per_expert)
     h = torch.cat([x[s:e].float() @ w.float() for s, e, w in zip(starts, ends, w1, strict=True)]).bfloat16()
     weight = torch.rand(t, 1, generator=gen) * 0.9 + 0.1
     g, u = h[:, :hidden].float(), h[:, hidden:].float()
-    y_unweighted = (torch.nn.functional.silu(torch.clamp(g, max=clamp)) * torch.clamp(u, -clamp, clamp))
+    y_unweighted = torch.nn.functional.silu(torch.clamp(g, max=clamp)) * torch.clamp(u, -clamp, clamp)
     dy = (torch.randn(t, hidden, generator=gen) * 0.01).bfloat16()
-    return dict(x=x, w1=w1, h=h, weight=weight, y_origin=y_unweighted.bfloat16(), dy=dy, starts=starts.tolist(),
-                ends=ends.tolist(), counts=torch.tensor(tokens_per_expert))
+    return dict(
+        x=x,
+        w1=w1,
+        h=h,
+        weight=weight,
+        y_origin=y_unweighted.bfloat16(),
+        dy=dy,
+        starts=starts.tolist(),
+        ends=ends.tolist(),
+        counts=torch.tensor(tokens_per_expert),
+    )
 
 
 def demo(argv=None) -> int:
     p = argparse.ArgumentParser(prog="swiglu-ops demo", description=demo.__doc__)
-    p.add_argument("--tokens", type=int, nargs="+", default=[700, 96, 333, 1, 512, 160, 48, 198],
-                   help="tokens routed to each expert (uneven groups)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=[700, 96, 333, 1, 512, 160, 48, 198],
+        help="tokens routed to each expert (uneven groups)",
+    )
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--hidden", type=int, default=1024, help="H (x has 2H columns: gate | up)")
     p.add_argument("--clamp", type=float, default=7.0)
@@ -69,17 +85,23 @@ def demo(argv=None) -> int:
         p.error("--hidden must be a multiple of 32 (x's last dim 2H must be a multiple of 64)")
 
     t_all = time.perf_counter()
-    print(f"swiglu_ops demo: MoE expert-MLP backward, {len(args.tokens)} experts, tokens per expert "
-          f"{args.tokens}, d_model {args.d_model}, H {args.hidden}, clamp {args.clamp}")
+    print(
+        f"swiglu_ops demo: MoE expert-MLP backward, {len(args.tokens)} experts, tokens per expert "
+        f"{args.tokens}, d_model {args.d_model}, H {args.hidden}, clamp {args.clamp}"
+    )
     _progress("building synthetic problem")
     prob = make_moe_problem(args.tokens, args.d_model, args.hidden, args.clamp)
     h, dy, weight = prob["h"], prob["dy"], prob["weight"]
     hmax = float(h.float().abs().max())
-    print(f"pre-activations |h| <= {hmax:.2f}; routing weights in [{float(weight.min()):.2f}, "
-          f"{float(weight.max()):.2f}]")
+    print(
+        f"pre-activations |h| <= {hmax:.2f}; routing weights in [{float(weight.min()):.2f}, "
+        f"{float(weight.max()):.2f}]"
+    )
     if hmax < args.clamp:
-        print(f"(the clamp {args.clamp} bounds no pre-activation here, so the bf16 and MXFP8 paths compute the "
-              "same math and differ only by quantisation)")
+        print(
+            f"(the clamp {args.clamp} bounds no pre-activation here, so the bf16 and MXFP8 paths compute the "
+            "same math and differ only by quantisation)"
+        )
     else:
         print(f"(note: some |h| >= clamp {args.clamp}; the MX op has no clamp, so those positions differ)")
 
@@ -110,17 +132,26 @@ def demo(argv=None) -> int:
     print(f"{'expert':>6} {'tokens':>6} {'dgrad':>9} {'wgrad':>9}")
     for e, n, d, w in rows:
         print(f"{e:>6} {n:>6} {d:>9.4f} {w:>9.4f}")
-    print(f"{'all':>6} {sum(args.tokens):>6} {_rel(dh_row, dh_bf16.float()):>9.4f} "
-          f"{_rel(dh_col, dh_bf16.float()):>9.4f}   (gradient itself: rowwise / colwise dequantised)")
-    print(f"routing-weight gradient: |dL/dw| mean {float(dweight.abs().mean()):.3e} over {dweight.numel()} tokens")
+    print(
+        f"{'all':>6} {sum(args.tokens):>6} {_rel(dh_row, dh_bf16.float()):>9.4f} "
+        f"{_rel(dh_col, dh_bf16.float()):>9.4f}   (gradient itself: rowwise / colwise dequantised)"
+    )
+    print(
+        f"routing-weight gradient: |dL/dw| mean {float(dweight.abs().mean()):.3e} "
+        f"over {dweight.numel()} tokens"
+    )
 
     print()
     print(f"time per op on {h.shape[0]} x {h.shape[1]} bf16 (median of {args.repeats})")
     print(f"{'backend':>10} {'swiglu_group_grad':>18} {'mx_quant_dual_axis':>19}")
     for name in _api.available_backends("cpu"):
         _progress(f"timing backend {name!r}")
-        t_gg = _time(lambda n=name: swiglu_group_grad(dy, h, weight, prob["y_origin"], prob["counts"],
-                                                      args.clamp, backend=n), args.repeats)
+        t_gg = _time(
+            lambda n=name: swiglu_group_grad(
+                dy, h, weight, prob["y_origin"], prob["counts"], args.clamp, backend=n
+            ),
+            args.repeats,
+        )
         t_mx = _time(lambda n=name: swiglu_backward_mx_quant_dual_axis(h, dy, ends, backend=n), args.repeats)
         print(f"{name:>10} {t_gg * 1e3:>15.2f} ms {t_mx * 1e3:>16.2f} ms")
     print(f"\ndone in {time.perf_counter() - t_all:.1f} s")
@@ -150,12 +181,20 @@ def verify(argv=None) -> int:
             got = swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend=name)
             diff_gx = int((gg[0].float() != ref_gg[0].float()).sum())
             diff_gw = float(((gg[1] - ref_gg[1]).abs() / ref_gg[1].abs().clamp_min(1e-30)).max())
-            diff_q = sum(int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
-                         for a, b in zip(got, ref_mx, strict=True))
-            good = diff_gx <= max(1, x.numel() // 10000) and diff_gw <= 1e-5 and diff_q <= max(1, x.numel() // 5000)
+            diff_q = sum(
+                int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
+                for a, b in zip(got, ref_mx, strict=True)
+            )
+            good = (
+                diff_gx <= max(1, x.numel() // 10000)
+                and diff_gw <= 1e-5
+                and diff_q <= max(1, x.numel() // 5000)
+            )
             ok &= good
-            print(f"{name:>8} {str(dtype):>15}: grad_x differing {diff_gx}, grad_weight max rel {diff_gw:.1e}, "
-                  f"MX codes differing {diff_q} -> {'ok' if good else 'FAIL'}")
+            print(
+                f"{name:>8} {str(dtype):>15}: grad_x differing {diff_gx}, grad_weight max rel {diff_gw:.1e}, "
+                f"MX codes differing {diff_q} -> {'ok' if good else 'FAIL'}"
+            )
     print("verify:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -172,10 +211,12 @@ COMMANDS = {"demo": demo, "verify": verify, "bench": bench}
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: swiglu-ops {demo,verify,bench} [options]\n"
-              "  demo    MoE expert-MLP backward: bf16 vs MXFP8 gradients, time per backend (the main job)\n"
-              "  verify  check every available backend against the reference\n"
-              "  bench   benchmark against the copy roofline and the (compiled) reference")
+        print(
+            "usage: swiglu-ops {demo,verify,bench} [options]\n"
+            "  demo    MoE expert-MLP backward: bf16 vs MXFP8 gradients, time per backend (the main job)\n"
+            "  verify  check every available backend against the reference\n"
+            "  bench   benchmark against the copy roofline and the (compiled) reference"
+        )
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])
 

@@ -68,9 +68,7 @@ def fp8_format(dtype: torch.dtype) -> FP8Format:
     try:
         return _FORMATS[dtype]
     except KeyError:
-        raise TypeError(
-            f"dst_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}"
-        ) from None
+        raise TypeError(f"dst_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}") from None
 
 
 def _f32_bits(v: torch.Tensor) -> torch.Tensor:
@@ -129,7 +127,7 @@ def fp8_decode(codes: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
     frac = f.to(torch.float64) / (1 << fmt.mbits)
     val = torch.where(
         e == 0,
-        frac * 2.0 ** fmt.min_normal_exp,
+        frac * 2.0**fmt.min_normal_exp,
         (1.0 + frac) * torch.pow(2.0, (e - fmt.bias).to(torch.float64)),
     )
     if fmt is E4M3FN:
@@ -255,7 +253,8 @@ def mx_dequantize(
 ) -> torch.Tensor:
     """Inverse of the MX quantisation: ``value = fp8(data) * 2**(scale - 127)``.
 
-    - ``axis=-1``: ``data`` is ``y1`` ``[*batch, M, C]`` and ``scale`` is ``mxscale1`` ``[*batch, M, C/64, 2]``.
+    - ``axis=-1``: ``data`` is ``y1`` ``[*batch, M, C]`` and ``scale`` is ``mxscale1``
+      ``[*batch, M, C/64, 2]``.
     - ``axis=-2``: ``data`` is ``y2`` and ``scale`` is ``mxscale2`` ``[*batch, R, C, 2]``; pass the same
       ``group_index`` (cumulative row ends) that produced them.
 
@@ -264,7 +263,9 @@ def mx_dequantize(
     """
     if not isinstance(data, torch.Tensor) or not isinstance(scale, torch.Tensor):
         raise TypeError("mx_dequantize: data and scale must be tensors")
-    fmt = fp8_format(data.dtype)
+    if data.dtype not in _FORMATS:
+        raise TypeError(f"data must be float8_e4m3fn or float8_e5m2 (y1 / y2), got {data.dtype}")
+    fmt = _FORMATS[data.dtype]
     if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
         raise TypeError(f"scale must be float8_e8m0fnu or uint8 codes, got {scale.dtype}")
     if axis not in (-1, -2):

@@ -1,0 +1,38 @@
+"""Shared fixtures: every test taking ``backend`` runs once per backend available for CPU tensors.
+
+``swiglu_ops.available_backends("cpu")`` decides: "reference" always, "cpu" once its dependencies import,
+"triton" only under ``TRITON_INTERPRET=1``. A new backend joins the whole suite by becoming available.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Without a GPU the Triton kernels run on CPU tensors through Triton's interpreter, which must be switched
+# on before triton is first imported. This makes the whole conformance suite run against "triton" in CI.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import swiglu_ops  # noqa: E402
+
+BACKENDS = swiglu_ops.available_backends("cpu")
+
+#: Backends that execute their kernels in an interpreter on CPU tensors (the Triton interpreter runs every
+#: program instance in Python). Tests whose shapes would take minutes there use ``compiled_backend``.
+INTERPRETED = ("triton",)
+COMPILED_BACKENDS = [b for b in BACKENDS if b not in INTERPRETED]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request) -> str:
+    """Every backend available for CPU tensors (session-scoped so hypothesis tests can use it)."""
+    return request.param
+
+
+@pytest.fixture(scope="session", params=COMPILED_BACKENDS)
+def compiled_backend(request) -> str:
+    """Every available backend except the interpreted ones, for tests with large shapes."""
+    return request.param
