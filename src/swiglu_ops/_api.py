@@ -114,6 +114,14 @@ def _check_out(name: str, t, shape, dtype, device) -> torch.Tensor:
     return t
 
 
+def _check_group_index(group_index) -> None:
+    _check_tensor("group_index", group_index)
+    if group_index.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"group_index must be int64 or int32, got {group_index.dtype}")
+    if group_index.dim() != 1 or group_index.numel() < 1:
+        raise ValueError(f"group_index must be 1-D and non-empty, got shape {tuple(group_index.shape)}")
+
+
 def _fp32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
@@ -163,11 +171,7 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
         if y_origin.shape != grad_y.shape:
             raise ValueError(f"y_origin must have shape {tuple(grad_y.shape)}, got {tuple(y_origin.shape)}")
     if group_index is not None:
-        _check_tensor("group_index", group_index)
-        if group_index.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"group_index must be int64 or int32, got {group_index.dtype}")
-        if group_index.dim() != 1 or group_index.numel() < 1:
-            raise ValueError(f"group_index must be 1-D and non-empty, got shape {tuple(group_index.shape)}")
+        _check_group_index(group_index)
     _check_device(grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
     return _fp32(clamp_limit)
 
@@ -206,11 +210,7 @@ def validate_mx_quant(
     if tuple(y_grad.shape) != expected:
         raise ValueError(f"y_grad must have shape {expected}, got {tuple(y_grad.shape)}")
     if group_index is not None:
-        _check_tensor("group_index", group_index)
-        if group_index.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"group_index must be int64 or int32, got {group_index.dtype}")
-        if group_index.dim() != 1 or group_index.numel() < 1:
-            raise ValueError(f"group_index must be 1-D and non-empty, got shape {tuple(group_index.shape)}")
+        _check_group_index(group_index)
         if x.dim() != 2:
             raise ValueError(f"group_index is only supported with 2-D x, got x of rank {x.dim()}")
         _check_device(x, group_index=group_index)
@@ -272,11 +272,13 @@ def swiglu_group_grad(
     return grad_x, grad_weight
 
 
-def mx_output_shapes(x_shape, num_groups):
-    """Shapes of (y1, mxscale1, y2, mxscale2) for an x of ``x_shape`` (spec 1.2)."""
-    *lead, m, c = x_shape
-    r = mx.mxscale2_rows(m, num_groups)
-    return tuple(x_shape), mx.mxscale1_shape(x_shape), tuple(x_shape), (*lead, r, c, 2)
+def mx_output_specs(x, group_index, dst_dtype):
+    """(shape, dtype) of y1, mxscale1, y2, mxscale2 for ``x`` (spec 1.2); the fake kernel uses it too."""
+    *lead, m, c = x.shape
+    r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
+    shapes = (tuple(x.shape), mx.mxscale1_shape(x.shape), tuple(x.shape), (*lead, r, c, 2))
+    dtypes = (dst_dtype, torch.float8_e8m0fnu, dst_dtype, torch.float8_e8m0fnu)
+    return list(zip(shapes, dtypes, strict=True))
 
 
 def swiglu_backward_mx_quant_dual_axis(
@@ -296,18 +298,14 @@ def swiglu_backward_mx_quant_dual_axis(
         x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
     )
     impl = resolve_backend(backend, x.device)
-    num_groups = None if group_index is None else group_index.numel()
-    shapes = mx_output_shapes(x.shape, num_groups)
-    dtypes = (dst_dtype, torch.float8_e8m0fnu, dst_dtype, torch.float8_e8m0fnu)
+    specs = mx_output_specs(x, group_index, dst_dtype)
     names = ("out[0] (y1)", "out[1] (mxscale1)", "out[2] (y2)", "out[3] (mxscale2)")
     if out is None:
-        outs = [torch.empty(s, dtype=d, device=x.device) for s, d in zip(shapes, dtypes, strict=True)]
+        outs = [torch.empty(s, dtype=d, device=x.device) for s, d in specs]
     else:
         if not isinstance(out, (tuple, list)) or len(out) != 4:
             raise TypeError("out must be a (y1, mxscale1, y2, mxscale2) tuple")
-        outs = [
-            _check_out(n, t, s, d, x.device) for n, t, s, d in zip(names, out, shapes, dtypes, strict=True)
-        ]
+        outs = [_check_out(n, t, s, d, x.device) for n, t, (s, d) in zip(names, out, specs, strict=True)]
     y1, s1, y2, s2 = outs
     s2.view(torch.uint8).zero_()  # unused mxscale2 rows are zero-filled (contract section 2)
     *lead, m, c = x.shape

@@ -31,6 +31,7 @@ __all__ = [
     "mxscale2_rows",
     "clamp_group_ends",
     "group_row_base",
+    "column_block_groups",
     "mx_dequantize",
 ]
 
@@ -240,6 +241,19 @@ def group_row_base(group: int, start: int) -> int:
     return start // 64 + group
 
 
+def column_block_groups(group_ends: torch.Tensor | None, m: int):
+    """The token-axis block walk of one [M, C] slice: ``(ranges, bases)`` where 32-row blocks restart at
+    each ``ranges[g] = (start, end)`` and block t of group g has scale slot ``2 * bases[g] + t``.
+
+    Without groups the whole slice is one group at base 0. Rows from ``ranges[-1][1]`` to M belong to no
+    group (only possible for invalid device-side ends, see :func:`clamp_group_ends`).
+    """
+    if group_ends is None:
+        return [(0, m)], [0]
+    ranges = clamp_group_ends(group_ends, m)
+    return ranges, [group_row_base(g, start) for g, (start, _) in enumerate(ranges)]
+
+
 # ---------------------------------------------------------------------------------------------- dequant
 
 
@@ -286,13 +300,9 @@ def mx_dequantize(
             raise ValueError(f"scale must have shape {(*lead, rows, c, 2)}, got {tuple(scale.shape)}")
         blocks = codes.movedim(-1, -2).reshape(*lead, rows * 2, c)  # [.., 2R, C]: 32-row block slots
         per_elem = torch.zeros(*lead, m, c, dtype=torch.int64, device=data.device)
-        if group_index is None:
-            ranges, bases = [(0, m)], [0]
-        else:
-            if data.dim() != 2:
-                raise ValueError("group_index is only supported with 2-D data")
-            ranges = clamp_group_ends(group_index, m)
-            bases = [group_row_base(i, s) for i, (s, _) in enumerate(ranges)]
+        if group_index is not None and data.dim() != 2:
+            raise ValueError("group_index is only supported with 2-D data")
+        ranges, bases = column_block_groups(group_index, m)
         for (s, e), base in zip(ranges, bases, strict=True):
             if e <= s:
                 continue

@@ -127,7 +127,4 @@ def _swiglu_backward_mx_quant_dual_axis_fake(
         x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
     )
     _api.resolve_backend(backend, x.device)
-    num_groups = None if group_index is None else group_index.numel()
-    shapes = _api.mx_output_shapes(x.shape, num_groups)
-    dtypes = (dst_dtype, torch.float8_e8m0fnu, dst_dtype, torch.float8_e8m0fnu)
-    return tuple(x.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes, strict=True))
+    return tuple(x.new_empty(s, dtype=d) for s, d in _api.mx_output_specs(x, group_index, dst_dtype))

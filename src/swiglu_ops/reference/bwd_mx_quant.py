@@ -66,11 +66,7 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
     rows = s2.shape[1]
     grad = stage1(x, dy, activate_left)  # [B, M, C] in x's dtype
 
-    if group_ends is None:
-        ranges, bases = [(0, m)], [0]
-    else:
-        ranges = mx.clamp_group_ends(group_ends, m)
-        bases = [mx.group_row_base(i, start) for i, (start, _) in enumerate(ranges)]
+    ranges, bases = mx.column_block_groups(group_ends, m)
     covered = ranges[-1][1]  # rows past the last (clamped) end belong to no group: outputs are zeros
 
     q1, c1 = quantize_rowwise(grad, fmt, scale_alg)
