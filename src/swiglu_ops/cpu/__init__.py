@@ -1,0 +1,97 @@
+"""The ``cpu`` backend: fused Numba kernels for CPU tensors, parallel over all cores.
+
+Each operator is one pass over memory (read the inputs once, write the outputs once); see
+``docs/cpu_backend.md`` for the design, the measurements and the choice of Numba. Kernels are compiled on
+first use for each dtype and cached on disk next to this package (or in ``NUMBA_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import mx
+from . import _numerics
+from ._group_grad import group_grad_kernel, pairwise_plan
+from ._memory import advise_huge_pages
+from ._mx_quant import mx_quant_kernel, row_blocks
+
+NAME = "cpu"
+
+_KINDS = {torch.bfloat16: _numerics.BF16, torch.float16: _numerics.FP16, torch.float32: _numerics.FP32}
+_STORAGE = {torch.bfloat16: torch.uint16, torch.float16: torch.uint16, torch.float32: torch.uint32}
+
+
+def is_available(device) -> tuple[bool, str]:
+    if torch.device(device).type != "cpu":
+        return False, "the cpu backend runs on CPU tensors only"
+    return True, ""
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy NumPy view of a float tensor's storage bits (uint16 for bf16/fp16, uint32 for fp32)."""
+    return t.view(_STORAGE[t.dtype]).numpy()
+
+
+def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
+    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x/grad_weight."""
+    rows, hidden = dy.shape
+    kernel = group_grad_kernel(_KINDS[dy.dtype], clamp > 0)
+    if weight is None:
+        weight_np = np.empty(0, dtype=np.float32)
+        y_origin_np = np.empty((0, hidden), dtype=_bits(dy).dtype)
+        grad_weight_np = weight_np
+    else:
+        weight_np, y_origin_np, grad_weight_np = weight.numpy(), _bits(y_origin), grad_weight.numpy()
+    leaves, merges = pairwise_plan(hidden)
+    advise_huge_pages(grad_x)
+    kernel(
+        _bits(dy),
+        _bits(x),
+        weight_np,
+        y_origin_np,
+        rows if valid_rows is None else int(valid_rows),
+        np.float32(clamp),
+        leaves,
+        merges,
+        _bits(grad_x),
+        grad_weight_np,
+    )
+
+
+def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1, y2, s2) -> None:
+    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
+    batch, m, _ = x.shape
+    if group_ends is None:
+        ranges, bases = [(0, m)], [0]
+    else:
+        ranges = mx.clamp_group_ends(group_ends, m)
+        bases = [mx.group_row_base(i, start) for i, (start, _) in enumerate(ranges)]
+    covered = ranges[-1][1]  # rows past the last (clamped) end belong to no group: outputs are zeros
+    if covered < m:
+        y1[:, covered:] = 0
+        s1[:, covered:] = 0
+        y2[:, covered:] = 0
+    advise_huge_pages(y1, y2)
+    emin = 1 - fmt.bias
+    sub_magic = (emin - fmt.mbits + 23 + 127) << 23  # fp32 bits of 2**(emin - mbits + 23)
+    mx_quant_kernel(_KINDS[x.dtype])(
+        _bits(x),
+        _bits(dy),
+        row_blocks(batch, ranges, bases),
+        activate_left,
+        scale_alg,
+        fmt.emax,
+        np.float32(np.uint32(fmt.inv_max_bits).view(np.float32)),
+        fmt.mbits,
+        fmt.bias,
+        fmt.max_code,
+        sub_magic,
+        y1.numpy(),
+        s1.numpy(),
+        y2.numpy(),
+        s2.numpy(),
+    )
+
+
+__all__ = ["NAME", "is_available", "swiglu_group_grad", "swiglu_bwd_mx_quant"]

@@ -1,0 +1,358 @@
+"""CPU-backend specific tests: the kernels' scalar numerics, random data against the reference (specials,
+ragged groups, every option), bitwise determinism across thread counts, and indexing beyond 2**31 elements.
+
+The conformance suite (golden cases, errors, properties) runs on this backend too, through
+``tests/conftest.py``; the tolerances are those of the contract, implemented in ``tests/_compare.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import swiglu_ops
+from swiglu_ops import mx
+
+numba = pytest.importorskip("numba")
+cpu = pytest.importorskip("swiglu_ops.cpu")
+
+from _compare import assert_bitwise_equal, assert_exact, assert_group_grad_matches, assert_mx_matches  # noqa: E402
+from _oracles import known_gradient_inputs  # noqa: E402
+
+from swiglu_ops.cpu import _numerics as nx  # noqa: E402
+
+# ------------------------------------------------------------------------------------ scalar numerics
+
+
+@numba.njit(error_model="numpy")
+def _apply_exp(x, out):
+    for i in range(x.shape[0]):
+        out[i] = nx.exp_f32(x[i])
+
+
+@numba.njit(error_model="numpy")
+def _apply_widen(bits, kind, out):
+    for i in range(bits.shape[0]):
+        out[i] = nx.widen(bits[i], kind)
+
+
+@numba.njit(error_model="numpy")
+def _apply_narrow(values, kind, out):
+    for i in range(values.shape[0]):
+        out[i] = nx.narrow(values[i], kind)
+
+
+@numba.njit(error_model="numpy")
+def _apply_quantize(amax, values, scale_alg, emax, inv_max, mbits, bias, max_code, sub_magic, codes, out):
+    """Scale code per amax, and the element codes of ``values[i, :]`` under the scale of ``amax[i]``."""
+    for i in range(amax.shape[0]):
+        codes[i] = nx.scale_code(amax[i], scale_alg, emax, inv_max)
+        recip = nx.scale_reciprocal(codes[i], amax[i], scale_alg)
+        for j in range(values.shape[1]):
+            out[i, j] = nx.fp8_encode(values[i, j] * recip, mbits, bias, max_code, sub_magic)
+
+
+def _fp32_bit_sample(step: int) -> np.ndarray:
+    """Every ``step``-th fp32 bit pattern (both signs, all exponents, NaN and inf) plus the specials."""
+    bits = np.arange(0, 1 << 32, step, dtype=np.uint64).astype(np.uint32)
+    specials = np.array(
+        [
+            0,
+            0x80000000,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0x00000001,
+            0x007FFFFF,
+            0x42B17218,
+            0x42B17217,
+            0xC2D00000,
+            0xC2CFFFFF,
+            0x3F800000,
+        ],
+        dtype=np.uint32,
+    )
+    return np.concatenate([bits, specials])
+
+
+def test_exp_within_one_ulp_of_torch_over_the_fp32_range():
+    x = _fp32_bit_sample(1031).view(np.float32)
+    out = np.empty_like(x)
+    _apply_exp(x, out)
+    ref = torch.exp(torch.from_numpy(x)).numpy()
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    finite = np.isfinite(ref)
+    assert np.array_equal(out[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])  # +inf
+    assert np.array_equal(np.isinf(out), np.isinf(ref))
+    ulp = np.abs(out[finite].view(np.int32).astype(np.int64) - ref[finite].view(np.int32).astype(np.int64))
+    assert ulp.max() <= 1, f"exp differs by {ulp.max()} ulp at x = {x[finite][ulp.argmax()]!r}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widen_is_exact_for_every_16_bit_pattern(dtype):
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(bits.shape, np.float32)
+    _apply_widen(bits, nx.BF16 if dtype == torch.bfloat16 else nx.FP16, out)
+    expected = torch.from_numpy(bits.copy()).view(dtype).float()
+    assert_exact(torch.from_numpy(out), expected, f"widen {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_matches_torch_rounding(dtype):
+    rng = np.random.default_rng(0)
+    ties = (rng.integers(0, 1 << 16, 20_000, dtype=np.uint32) << 16) | (1 << 15)  # bf16 ties
+    fp16_edges = np.array([65504, 65519.996, 65520, 65536, 2.0**-24, 2.0**-25, 3 * 2.0**-26], np.float32)
+    values = np.concatenate([_fp32_bit_sample(4099), ties.astype(np.uint32)]).view(np.float32)
+    values = np.concatenate([values, fp16_edges, -fp16_edges])
+    out = np.empty(values.shape, np.uint32)
+    _apply_narrow(values, nx.BF16 if dtype == torch.bfloat16 else nx.FP16, out)
+    actual = torch.from_numpy(out.astype(np.uint16)).view(dtype)
+    assert_exact(actual, torch.from_numpy(values).to(dtype), f"narrow to {dtype}")
+
+
+@pytest.mark.parametrize("fmt", [mx.E4M3FN, mx.E5M2], ids=lambda f: f.name)
+@pytest.mark.parametrize("scale_alg", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scales_and_codes_bit_exact_with_mx(fmt, scale_alg, dtype):
+    """Every 16-bit magnitude as a block amax; each block holds values at and below it (mx.py is the rule)."""
+    amax16 = torch.arange(0x8000, dtype=torch.int32).to(torch.int16).view(dtype)
+    amax = amax16.float()
+    fractions = torch.tensor([1.0, -1.0, 0.75, -0.5, 0.3, 1e-3, 2.0**-20, 0.0, -0.0])
+    values = (amax[:, None] * fractions).to(dtype)  # 16-bit values, as the kernels see them
+    values[:, 0] = amax16
+    amax_bits = mx.amax_bits(values, dim=1)
+    codes = np.empty(amax.shape[0], np.uint32)
+    out = np.empty(values.shape, np.uint32)
+    emin = 1 - fmt.bias
+    _apply_quantize(
+        amax_bits.numpy().astype(np.uint32),
+        values.float().numpy(),
+        scale_alg,
+        fmt.emax,
+        np.uint32(fmt.inv_max_bits).view(np.float32),
+        fmt.mbits,
+        fmt.bias,
+        fmt.max_code,
+        (emin - fmt.mbits + 150) << 23,
+        codes,
+        out,
+    )
+    expected_y, expected_codes = mx.quantize_blocks(values, 1, fmt, scale_alg)
+    assert torch.equal(torch.from_numpy(codes.astype(np.int64)), expected_codes)
+    assert torch.equal(torch.from_numpy(out.astype(np.uint8)), expected_y)
+
+
+# ----------------------------------------------------------------------------- against the reference
+
+
+def _with_specials(t: torch.Tensor, gen: torch.Generator, rate: float = 0.002) -> torch.Tensor:
+    """Sprinkle NaN, +-inf and signed zeros over ``t`` (a copy)."""
+    t = t.clone()
+    flat = t.view(-1)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0], dtype=t.dtype)
+    n = max(1, int(flat.numel() * rate))
+    pos = torch.randint(0, flat.numel(), (n,), generator=gen)
+    flat[pos] = specials[torch.randint(0, len(specials), (n,), generator=gen)]
+    return t
+
+
+def _group_grad_inputs(shape, dtype, seed, *, weighted, scale=3.0, specials=True):
+    gen = torch.Generator().manual_seed(seed)
+    *lead, hidden = shape
+    dy = torch.randn(*lead, hidden, generator=gen).to(dtype)
+    x = (torch.randn(*lead, 2 * hidden, generator=gen) * scale).to(dtype)
+    if specials:
+        dy, x = _with_specials(dy, gen), _with_specials(x, gen)
+    weight = y_origin = None
+    if weighted:
+        weight = torch.rand(*lead, 1, generator=gen) + 0.5
+        y_origin = torch.randn(*lead, hidden, generator=gen).to(dtype)
+    return dy, x, weight, y_origin
+
+
+def _check_group_grad(dy, x, weight, y_origin, group_index, clamp):
+    actual = swiglu_ops.swiglu_group_grad(dy, x, weight, y_origin, group_index, clamp, backend="cpu")
+    expected = swiglu_ops.swiglu_group_grad(dy, x, weight, y_origin, group_index, clamp, backend="reference")
+    assert_group_grad_matches(actual, expected, "cpu", inputs=(dy, x, weight, y_origin, clamp))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("clamp", [0.0, 2.5, float("inf")])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_group_grad_matches_reference(dtype, clamp, weighted):
+    dy, x, weight, y_origin = _group_grad_inputs((97, 300), dtype, seed=1, weighted=weighted)
+    _check_group_grad(dy, x, weight, y_origin, torch.tensor([40, 31]), clamp)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 1), (2, 33, 17), (40, 1000)], ids=str)
+def test_group_grad_shapes_rank3_and_odd_hidden(shape):
+    dy, x, weight, y_origin = _group_grad_inputs(shape, torch.bfloat16, seed=2, weighted=True)
+    _check_group_grad(dy, x, weight, y_origin, None, 7.0)
+
+
+def test_group_grad_fp16_overflow_becomes_inf():
+    dy, x, _, _ = _group_grad_inputs((64, 128), torch.float16, seed=3, weighted=False, specials=False)
+    dy = dy * 300  # |dg| = |dy * silu'(g) * u| reaches well past 65504
+    x[:, 128:] = x[:, 128:] * 100
+    actual, _ = swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")
+    assert torch.isinf(actual).any()
+    _check_group_grad(dy, x, None, None, None, 0.0)
+
+
+def _mx_inputs(shape, dtype, seed, *, specials=True, scale=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    *lead, c = shape
+    x = (torch.randn(*lead, c, generator=gen) * scale).to(dtype)
+    dy = torch.randn(*lead, c // 2, generator=gen).to(dtype)
+    if specials:
+        x, dy = _with_specials(x, gen, 0.0005), _with_specials(dy, gen, 0.0005)
+    return x, dy
+
+
+def _check_mx(x, dy, group_index=None, **kwargs):
+    actual = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, group_index, backend="cpu", **kwargs)
+    expected = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+        x, dy, group_index, backend="reference", **kwargs
+    )
+    assert_mx_matches(actual, expected, "cpu")
+
+
+RAGGED_GROUPS = [[0, 5, 5, 70, 133, 200, 261, 300], [64, 128, 128, 300], [300]]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("ends", RAGGED_GROUPS, ids=lambda e: f"G{len(e)}")
+def test_mx_quant_ragged_groups_match_reference(dtype, ends):
+    x, dy = _mx_inputs((300, 640), dtype, seed=4)  # 320 columns per half: a partial column chunk
+    _check_mx(x, dy, torch.tensor(ends))
+
+
+@pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scale_alg", [0, 1])
+@pytest.mark.parametrize("activate_left", [True, False])
+def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left):
+    x, dy = _mx_inputs((100, 192), torch.bfloat16, seed=5)
+    _check_mx(
+        x, dy, torch.tensor([33, 100]), dst_dtype=dst_dtype, scale_alg=scale_alg, activate_left=activate_left
+    )
+
+
+@pytest.mark.parametrize("shape", [(3, 70, 128), (2, 2, 33, 64), (1, 64)], ids=str)
+def test_mx_quant_batched_matches_reference(shape):
+    x, dy = _mx_inputs(shape, torch.float16, seed=6)
+    _check_mx(x, dy)
+
+
+def test_mx_quant_fp16_overflow_gives_nan_blocks():
+    x, dy = _mx_inputs((64, 128), torch.float16, seed=7, specials=False)
+    dy = dy * 3e4  # gradients beyond 65504 round to inf: their blocks get scale 0xFF and codes 0
+    y1, s1, _, s2 = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, backend="cpu")
+    assert (s1.view(torch.uint8) == 0xFF).any() and (s2.view(torch.uint8) == 0xFF).any()
+    _check_mx(x, dy)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype):
+    """With a stage-1 gradient that is exact (no exp rounding involved), every code must be identical."""
+    gen = torch.Generator().manual_seed(8)
+    values = torch.randn(130, 96, generator=gen) * 2.0 ** torch.randint(-12, 6, (130, 96), generator=gen)
+    x, dy, _ = known_gradient_inputs(values.to(dtype))
+    ends = torch.tensor([31, 31, 97, 130])
+    for scale_alg in (0, 1):
+        kwargs = dict(dst_dtype=dst_dtype, scale_alg=scale_alg)
+        actual = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="cpu", **kwargs)
+        expected = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="reference", **kwargs)
+        for a, e, name in zip(actual, expected, ("y1", "mxscale1", "y2", "mxscale2"), strict=True):
+            assert_exact(a, e, name)
+
+
+# ---------------------------------------------------------------------------------------- determinism
+
+
+@contextlib.contextmanager
+def _numba_threads(n: int):
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)
+
+
+def test_bitwise_identical_for_any_thread_count():
+    dy, x, weight, y_origin = _group_grad_inputs((333, 520), torch.bfloat16, seed=9, weighted=True)
+    mx_x, mx_dy = _mx_inputs((333, 1024), torch.bfloat16, seed=9)
+    ends = torch.tensor([17, 100, 100, 250, 333])
+    results = []
+    for n in sorted({1, 2, 3, numba.config.NUMBA_NUM_THREADS}):
+        with _numba_threads(n):
+            gg = swiglu_ops.swiglu_group_grad(
+                dy, x, weight, y_origin, torch.tensor([300]), 3.0, backend="cpu"
+            )
+            q = swiglu_ops.swiglu_backward_mx_quant_dual_axis(mx_x, mx_dy, ends, backend="cpu")
+            results.append((*gg, *q))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert_bitwise_equal(b, a)
+
+
+# -------------------------------------------------------------------------------- beyond 2**31 elements
+
+
+#: Rows of the repeated random tile; coprime with the row offsets of 2**31 elements (2**31 / cols), so an
+#: index that wrapped at 2**31 would read a different tile row.
+_TILE_ROWS = 997
+
+
+def _fill_tiled(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Fill a 2-D tensor with a random tile of ``_TILE_ROWS`` rows repeated (cheap at 4 GB)."""
+    tile = (torch.randn(_TILE_ROWS, t.shape[1], generator=gen) * 3).to(t.dtype)
+    for r0 in range(0, t.shape[0], _TILE_ROWS):
+        r1 = min(r0 + _TILE_ROWS, t.shape[0])
+        t[r0:r1] = tile[: r1 - r0]
+
+
+@pytest.mark.slow
+def test_group_grad_beyond_2_pow_31_elements():
+    """x has more than 2**31 elements (bf16, ~4.3 GB; ~11 GB in all): rows sampled across the whole range,
+    including the last ones, must match the reference computed on those rows alone."""
+    hidden = 2048
+    rows = (1 << 31) // (2 * hidden) + 3
+    try:
+        x = torch.empty(rows, 2 * hidden, dtype=torch.bfloat16)
+        dy = torch.empty(rows, hidden, dtype=torch.bfloat16)
+    except RuntimeError as exc:  # pragma: no cover - machines without the memory
+        pytest.skip(f"not enough memory: {exc}")
+    assert x.numel() > 1 << 31
+    gen = torch.Generator().manual_seed(10)
+    _fill_tiled(x, gen)
+    _fill_tiled(dy, gen)
+    grad_x, _ = swiglu_ops.swiglu_group_grad(dy, x, None, None, torch.tensor([rows - 1]), 3.0, backend="cpu")
+    sample = torch.tensor(
+        [0, 1, rows // 3, rows // 2, (1 << 30) // hidden, (1 << 30) // hidden + 1, rows - 2, rows - 1]
+    )
+    expected, _ = swiglu_ops.swiglu_group_grad(dy[sample], x[sample], backend="reference", clamp_limit=3.0)
+    expected[-1] = expected[-1] * 0  # the row mask: the last row is past valid_rows = rows - 1
+    assert_group_grad_matches(
+        (grad_x[sample], None), (expected, None), "cpu", inputs=(dy[sample], x[sample], None, None, 3.0)
+    )
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+
+
+def test_benchmark_quick_mode_writes_results(tmp_path, capsys):
+    from swiglu_ops import bench
+
+    assert bench.main(["--quick", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "swiglu_group_grad" in table and "swiglu_bwd_mx_quant" in table
+    results = json.loads((tmp_path / "bench_cpu.json").read_text())["results"]
+    assert {r["op"] for r in results} == {"swiglu_group_grad", "swiglu_bwd_mx_quant"}
+    assert all(r["fused_ms"] > 0 and r["copy_ms"] > 0 for r in results)
+    assert (tmp_path / "bench_cpu.csv").read_text().count("\n") == len(results) + 1
