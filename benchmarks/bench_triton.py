@@ -50,11 +50,21 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_triton: no CUDA device; the Triton backend benchmark needs an NVIDIA GPU (nothing run).")
         return 0
-    from triton.testing import do_bench_cudagraph
+    from triton.testing import do_bench, do_bench_cudagraph
 
     def bench(fn):
         fn()
         return do_bench_cudagraph(fn, rep=200)
+
+    def bench_baseline(fn):
+        """The compiled reference reads group ends on the host (not capturable in a CUDA graph) and may fail
+        to compile in reasonable time: plain do_bench, and n/a instead of aborting the run."""
+        try:
+            fn()
+            return do_bench(fn, rep=200)
+        except Exception as exc:  # noqa: BLE001 - a baseline failure must not hide the op's numbers
+            print(f"  (compiled reference unavailable: {type(exc).__name__}: {str(exc)[:120]})")
+            return float("nan")
 
     gg = swiglu_ops.swiglu_group_grad
     mxq = swiglu_ops.swiglu_backward_mx_quant_dual_axis
@@ -82,14 +92,14 @@ def main() -> int:
     for rows, hidden in ((8192, 2048), (16384, 4096)):
         args, nbytes = _group_grad_case(rows, hidden, torch.bfloat16)
         t_op = bench(lambda a=args: gg(*a, backend="triton"))
-        t_ref = bench(lambda a=args: gg_ref(*a))
+        t_ref = bench_baseline(lambda a=args: gg_ref(*a))
         rows_out.append(
             ("swiglu_group_grad", f"{rows}x{2 * hidden}", nbytes, t_op, t_ref, _copy_ms(nbytes, bench))
         )
     for m, c, groups in ((8192, 4096, 1), (16384, 4096, 8), (32768, 7168, 32)):
         args, nbytes = _mx_case(m, c, groups, torch.bfloat16)
         t_op = bench(lambda a=args: mxq(*a, backend="triton"))
-        t_ref = bench(lambda a=args: mx_ref(*a))
+        t_ref = bench_baseline(lambda a=args: mx_ref(*a))
         rows_out.append(
             (f"mx_dual_axis G={groups}", f"{m}x{c}", nbytes, t_op, t_ref, _copy_ms(nbytes, bench))
         )
