@@ -73,20 +73,12 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
         s1[:, covered:] = 0
         y2[:, covered:] = 0
     advise_huge_pages(y1, y2)
-    emin = 1 - fmt.bias
-    sub_magic = (emin - fmt.mbits + 23 + 127) << 23  # fp32 bits of 2**(emin - mbits + 23)
-    mx_quant_kernel(_KINDS[x.dtype])(
+    mx_quant_kernel(_KINDS[x.dtype], fmt)(
         _bits(x),
         _bits(dy),
         row_blocks(batch, ranges, bases),
         activate_left,
         scale_alg,
-        fmt.emax,
-        np.float32(np.uint32(fmt.inv_max_bits).view(np.float32)),
-        fmt.mbits,
-        fmt.bias,
-        fmt.max_code,
-        sub_magic,
         y1.numpy(),
         s1.numpy(),
         y2.numpy(),

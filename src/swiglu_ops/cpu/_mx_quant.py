@@ -2,9 +2,10 @@
 
 Work is cut into tasks of one 32-row block (of a group, or of a batch slice without groups) times a chunk
 of ``CHUNK`` columns of each half. A task reads its rows of x and grad_y once, keeps the 16-bit gradient of
-both halves in a small fp32 tile (32 x 2*CHUNK, in L1/L2), and produces from that tile both quantisation
-directions: row-wise 32-column blocks (y1, mxscale1) and the 32-row column blocks (y2, mxscale2). Tasks
-write disjoint outputs with the same code, so results are bitwise identical for any number of threads.
+both halves as stored bits in a small tile (32 x 2*CHUNK, 64 KiB for 16-bit dtypes, in L2) together with
+its column amax, and produces from that tile both quantisation directions: row-wise 32-column blocks (y1,
+mxscale1) and the 32-row column blocks (y2, mxscale2). Tasks write disjoint outputs with the same code, so
+results are bitwise identical for any number of threads.
 """
 
 from __future__ import annotations
@@ -15,13 +16,22 @@ import numpy as np
 from numba import njit, prange
 
 from .. import mx
-from ._numerics import bits_from_f32, exp_f32, fp8_encode, narrow, scale_code, scale_reciprocal, widen
+from ._numerics import (
+    FP32,
+    bits_from_f32,
+    exp_f32,
+    fp8_encode,
+    narrow,
+    scale_code,
+    scale_reciprocal,
+    widen,
+)
 
 #: Columns of each half per task (a multiple of the 32-column block).
-CHUNK = 256
+CHUNK = 512
 _BLOCK = mx.BLOCK
 _ONE = np.float32(1.0)
-_MAG = np.uint32(0x7FFFFFFF)
+_U32 = np.uint32
 
 
 @njit(inline="always")
@@ -50,28 +60,18 @@ def row_blocks(batch: int, ranges, bases) -> np.ndarray:
 
 
 @functools.cache
-def mx_quant_kernel(kind: int):
-    """The compiled kernel for one storage kind (``_numerics.BF16``/``FP16``/``FP32``), a closure
-    constant so that Numba compiles (and caches on disk) one branch-free kernel per dtype that is used."""
+def mx_quant_kernel(kind: int, fmt: mx.FP8Format):
+    """The compiled kernel for one storage kind (``_numerics.BF16``/``FP16``/``FP32``) and FP8 format,
+    closure constants so that Numba compiles (and caches on disk) one branch-free kernel per combination
+    that is used, with the format's shifts and limits folded in."""
+    emax, mbits, bias, max_code = fmt.emax, fmt.mbits, fmt.bias, fmt.max_code
+    inv_max = np.uint32(fmt.inv_max_bits).view(np.float32)
+    sub_magic = (1 - bias - mbits + 23 + 127) << 23  # fp32 bits of 2**(emin - mbits + 23)
+    storage = np.uint32 if kind == FP32 else np.uint16
+    mag_mask = storage(0x7FFFFFFF if kind == FP32 else 0x7FFF)
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def kernel(
-        x,
-        dy,
-        blocks,
-        activate_left,
-        scale_alg,
-        emax,
-        inv_max,
-        mbits,
-        bias,
-        max_code,
-        sub_magic,
-        y1,
-        s1,
-        y2,
-        s2,
-    ):
+    def kernel(x, dy, blocks, activate_left, scale_alg, y1, s1, y2, s2):
         n = dy.shape[2]
         nchunks = (n + CHUNK - 1) // CHUNK
         a_col = 0 if activate_left else n  # the activated half A; its gradient goes to A's columns
@@ -80,12 +80,13 @@ def mx_quant_kernel(kind: int):
             bi, row0, nrows, s2_row, slot = blocks[job // nchunks]
             j0 = (job % nchunks) * CHUNK
             width = min(CHUNK, n - j0)
-            tile = np.empty((_BLOCK, 2, CHUNK), dtype=np.float32)  # [row, half (A, B), column]
-            col_amax = np.empty(CHUNK, dtype=np.uint32)
+            tile = np.empty((_BLOCK, 2, CHUNK), dtype=storage)  # [row, half (A, B), column], stored bits
+            col_amax = np.zeros((2, CHUNK), dtype=storage)  # magnitude bits
             col_recip = np.empty(CHUNK, dtype=np.float32)
 
-            # Stage 1: SwiGLU backward, rounded to x's dtype (kept as exact fp32 values). Loops index row
-            # slices from 0 so that LLVM sees unit-stride, non-negative indices and vectorises them.
+            # Stage 1: SwiGLU backward, rounded to x's dtype, and the column amax. Loops index row slices
+            # from 0 so that LLVM sees unit-stride, non-negative indices and vectorises them.
+            ca, cb = col_amax[0], col_amax[1]
             for i in range(nrows):
                 xa = x[bi, row0 + i, a_col + j0 : a_col + j0 + width]
                 xb = x[bi, row0 + i, b_col + j0 : b_col + j0 + width]
@@ -94,8 +95,12 @@ def mx_quant_kernel(kind: int):
                 tb = tile[i, 1]
                 for j in range(width):
                     ga, gb = _swiglu_backward(widen(xa[j], kind), widen(xb[j], kind), widen(g[j], kind))
-                    ta[j] = widen(narrow(ga, kind), kind)
-                    tb[j] = widen(narrow(gb, kind), kind)
+                    ba = storage(narrow(ga, kind))
+                    bb = storage(narrow(gb, kind))
+                    ta[j] = ba
+                    tb[j] = bb
+                    ca[j] = max(ca[j], storage(ba & mag_mask))
+                    cb[j] = max(cb[j], storage(bb & mag_mask))
 
             for half in range(2):
                 col0 = (a_col if half == 0 else b_col) + j0
@@ -106,31 +111,28 @@ def mx_quant_kernel(kind: int):
                     sc = s1[bi, row0 + i, col0 // _BLOCK : (col0 + width) // _BLOCK]
                     for k in range(width // _BLOCK):
                         blk = v[k * _BLOCK : (k + 1) * _BLOCK]
-                        amax = np.uint32(0)
-                        for j in range(_BLOCK):
-                            amax = max(amax, bits_from_f32(blk[j]) & _MAG)
-                        code = scale_code(amax, scale_alg, emax, inv_max)
-                        recip = scale_reciprocal(code, amax, scale_alg)
+                        amax = storage(0)
+                        for j in range(blk.shape[0]):  # a runtime trip count: vectorised, not unrolled
+                            amax = max(amax, storage(blk[j] & mag_mask))
+                        amax32 = bits_from_f32(widen(amax, kind))
+                        code = scale_code(amax32, scale_alg, emax, inv_max)
+                        recip = scale_reciprocal(code, amax32, scale_alg)
                         sc[k] = code
                         qb = q[k * _BLOCK : (k + 1) * _BLOCK]
                         for j in range(_BLOCK):
-                            qb[j] = fp8_encode(blk[j] * recip, mbits, bias, max_code, sub_magic)
+                            qb[j] = fp8_encode(widen(blk[j], kind) * recip, mbits, bias, max_code, sub_magic)
                 # -2 axis: one block per column over this task's rows (zero padding never raises amax).
-                for j in range(width):
-                    col_amax[j] = 0
-                for i in range(nrows):
-                    v = tile[i, half]
-                    for j in range(width):
-                        col_amax[j] = max(col_amax[j], bits_from_f32(v[j]) & _MAG)
+                ch = col_amax[half]
                 sc2 = s2[bi, s2_row, col0 : col0 + width, slot]
                 for j in range(width):
-                    code = scale_code(col_amax[j], scale_alg, emax, inv_max)
-                    col_recip[j] = scale_reciprocal(code, col_amax[j], scale_alg)
+                    amax32 = bits_from_f32(widen(ch[j], kind))
+                    code = scale_code(amax32, scale_alg, emax, inv_max)
+                    col_recip[j] = scale_reciprocal(code, amax32, scale_alg)
                     sc2[j] = code
                 for i in range(nrows):
                     v = tile[i, half]
                     q = y2[bi, row0 + i, col0 : col0 + width]
                     for j in range(width):
-                        q[j] = fp8_encode(v[j] * col_recip[j], mbits, bias, max_code, sub_magic)
+                        q[j] = fp8_encode(widen(v[j], kind) * col_recip[j], mbits, bias, max_code, sub_magic)
 
     return kernel

@@ -190,14 +190,15 @@ def fp8_encode(value, mbits, bias, max_code, sub_magic):
     smallest normal 2**emin rounds that magnitude to the subnormal quantum, and its low bits are the code.
     """
     u = bits_from_f32(value)
-    a = u & _U32(0x7FFFFFFF)
+    a = _U32(u & _U32(0x7FFFFFFF))  # every intermediate cast back to 32 bits: Numba widens to 64
     shift = _U32(23 - mbits)
     if a < _U32(_U32(128 - bias) << _U32(23)):  # below the smallest normal 2**(1 - bias): subnormal codes
         code = _U32(bits_from_f32(f32_from_bits(a) + f32_from_bits(_U32(sub_magic))) - _U32(sub_magic))
     else:  # RNE on the dropped mantissa bits (a carry moves into the exponent), then rebias
-        rounded = _U32(a + (_U32(1) << _U32(shift - 1)) - _U32(1) + ((a >> shift) & _U32(1)))
-        code = _U32((rounded >> shift) - _U32(_U32(127 - bias) << _U32(mbits)))
+        odd = _U32(_U32(a >> shift) & _U32(1))
+        rounded = _U32(a + _U32(_U32(_U32(1) << _U32(shift - 1)) - _U32(1)) + odd)
+        code = _U32(_U32(rounded >> shift) - _U32(_U32(127 - bias) << _U32(mbits)))
     code = min(code, _U32(max_code))
     if a > _U32(0x7F800000):
         return _U32(0)
-    return code | ((u >> _U32(24)) & _U32(0x80))
+    return _U32(code | _U32(_U32(u >> _U32(24)) & _U32(0x80)))
