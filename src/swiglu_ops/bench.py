@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from . import _api, reference, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad
+from . import _api, mx, reference, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad
 
 OPS = ("swiglu_group_grad", "swiglu_bwd_mx_quant")
 
@@ -122,7 +122,7 @@ def _prepare(case: Case, gen: torch.Generator):
         y_origin = torch.randn(m, c // 2, generator=gen).to(dt)
         args = (dy, x, weight, y_origin, counts, 7.0)
         grad_x, grad_weight = torch.empty_like(x), torch.empty(m, dtype=torch.float32)
-        valid = None if counts is None else counts.sum().clamp(0, m)
+        valid = None if counts is None else _api._valid_rows(counts, m)
         kernel_args = (dy, x, weight.view(m), y_origin, valid, 7.0, grad_x, grad_weight)
         outs = (grad_x, grad_weight.view(m, 1))
     else:
@@ -130,15 +130,13 @@ def _prepare(case: Case, gen: torch.Generator):
         args = (x, dy, ends)
         outs = _api.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="cpu")
         y1, s1, y2, s2 = (t.view(torch.uint8) for t in outs)
-        from .mx import E4M3FN
-
         kernel_args = (
             x.view(1, m, c),
             dy.view(1, m, c // 2),
             ends,
             True,
             1,
-            E4M3FN,
+            mx.E4M3FN,
             y1.view(1, m, c),
             s1.view(1, m, c // 32),
             y2.view(1, m, c),

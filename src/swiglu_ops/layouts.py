@@ -61,12 +61,13 @@ def _check_scales(name: str, scales, rank: int | None = None) -> None:
         raise ValueError(f"{name} must have rank {rank}, got shape {tuple(scales.shape)}")
 
 
-def _group_ranges(group_index, num_rows: int) -> list[tuple[int, int]]:
-    if group_index is None:
-        return [(0, num_rows)]
-    if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.numel() < 1:
+def _block_groups(group_index, num_rows: int):
+    """``mx.column_block_groups`` (group row ranges and mxscale2 bases) after checking ``group_index``."""
+    if group_index is not None and (
+        not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.numel() < 1
+    ):
         raise ValueError("group_index must be a non-empty 1-D tensor of cumulative row ends")
-    return mx.clamp_group_ends(group_index, num_rows)
+    return mx.column_block_groups(group_index, num_rows)
 
 
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
@@ -110,8 +111,7 @@ def mxscale2_to_plain(mxscale2: torch.Tensor, num_rows: int, group_index=None) -
             f"M = {num_rows} and {g or 'no'} groups, got {tuple(mxscale2.shape)}"
         )
     slots = mxscale2.movedim(-1, -2).reshape(2 * r, c)  # slot 2 * row + s: one 32-row block
-    ranges = _group_ranges(group_index, num_rows)
-    bases = [0] if group_index is None else [mx.group_row_base(i, s) for i, (s, _) in enumerate(ranges)]
+    ranges, bases = _block_groups(group_index, num_rows)
     parts = [
         slots[2 * base : 2 * base + -(-(e - s) // mx.BLOCK)]
         for (s, e), base in zip(ranges, bases, strict=True)
@@ -131,7 +131,7 @@ def mxscale1_to_blocked(mxscale1: torch.Tensor, group_index=None) -> torch.Tenso
         return to_blocked(plain.reshape(-1, plain.shape[-1]))
     if plain.dim() != 2:
         raise ValueError("group_index is only supported with 2-D x (mxscale1 of rank 3)")
-    ranges = _group_ranges(group_index, plain.shape[0])
+    ranges, _ = _block_groups(group_index, plain.shape[0])
     empty = plain.new_empty((0, _ceil_to(plain.shape[1], _TILE_COLS)))
     return torch.cat([empty, *(to_blocked(plain[s:e]) for s, e in ranges if e > s)])
 
@@ -143,6 +143,6 @@ def mxscale2_to_blocked(mxscale2: torch.Tensor, num_rows: int, group_index=None)
     the groups sit side by side: ``[ceil(C/128)*128, sum_g ceil(blocks_g/4)*4]`` (empty groups: no columns).
     """
     plain = mxscale2_to_plain(mxscale2, num_rows, group_index)
-    counts = [-(-(e - s) // mx.BLOCK) for s, e in _group_ranges(group_index, num_rows)]
+    counts = [-(-(e - s) // mx.BLOCK) for s, e in _block_groups(group_index, num_rows)[0]]
     empty = plain.new_empty((_ceil_to(plain.shape[1], _TILE_ROWS), 0))
     return torch.cat([empty, *(to_blocked(p.t()) for p in plain.split(counts) if p.shape[0] > 0)], dim=1)

@@ -11,6 +11,7 @@ languages and are tested bit-exactly against them.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,11 @@ class FP8Format:
     @property
     def min_normal_exp(self) -> int:
         return 1 - self.bias
+
+    @property
+    def inv_max(self) -> float:
+        """``fp32(1 / max_value)`` exactly (the value of ``inv_max_bits``), the RCEIL multiplier."""
+        return struct.unpack("<f", struct.pack("<I", self.inv_max_bits))[0]
 
 
 E4M3FN = FP8Format("e4m3fn", torch.float8_e4m3fn, 4, 3, 7, 0x7E, 448.0, 8, 0x3B124925)
@@ -162,7 +168,7 @@ def scale_codes(amax: torch.Tensor, fmt: FP8Format, scale_alg: int) -> torch.Ten
     finite = amax < 0x7F800000
     nonzero = amax != 0
     if scale_alg == 1:
-        p = _f32_bits(_bits_to_f32(amax) * _bits_to_f32(torch.tensor(fmt.inv_max_bits)))
+        p = _f32_bits(_bits_to_f32(amax) * torch.tensor(fmt.inv_max, dtype=torch.float32))
         e = p >> 23
         mf = p & 0x7FFFFF
         up = ((e > 0) & (e < 254) & (mf > 0)) | ((e == 0) & (mf > 0x400000))

@@ -62,11 +62,7 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
 def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1, y2, s2) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
     batch, m, _ = x.shape
-    if group_ends is None:
-        ranges, bases = [(0, m)], [0]
-    else:
-        ranges = mx.clamp_group_ends(group_ends, m)
-        bases = [mx.group_row_base(i, start) for i, (start, _) in enumerate(ranges)]
+    ranges, bases = mx.column_block_groups(group_ends, m)
     covered = ranges[-1][1]  # rows past the last (clamped) end belong to no group: outputs are zeros
     if covered < m:
         y1[:, covered:] = 0

@@ -65,7 +65,7 @@ def mx_quant_kernel(kind: int, fmt: mx.FP8Format):
     closure constants so that Numba compiles (and caches on disk) one branch-free kernel per combination
     that is used, with the format's shifts and limits folded in."""
     emax, mbits, bias, max_code = fmt.emax, fmt.mbits, fmt.bias, fmt.max_code
-    inv_max = np.uint32(fmt.inv_max_bits).view(np.float32)
+    inv_max = np.float32(fmt.inv_max)
     sub_magic = (1 - bias - mbits + 23 + 127) << 23  # fp32 bits of 2**(emin - mbits + 23)
     storage = np.uint32 if kind == FP32 else np.uint16
     mag_mask = storage(0x7FFFFFFF if kind == FP32 else 0x7FFF)

@@ -10,7 +10,6 @@ group ends are read inside the kernels.
 from __future__ import annotations
 
 import os
-import struct
 
 import torch
 import triton
@@ -78,11 +77,10 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
     num_groups = None if group_ends is None else group_ends.numel()
     blocks = mx_blocks_per_slice(m, num_groups)
     grid = (batch * blocks, triton.cdiv(n, MX_BLOCK_N))
-    inv_max = struct.unpack("<f", struct.pack("<I", fmt.inv_max_bits))[0]  # exactly fp32(1 / max)
     _kernels.swiglu_bwd_mx_quant_kernel[grid](
         x, dy, group_ends, y1, s1, y2, s2,
         m, n, num_groups or 0, blocks, s2.shape[1], 0 if activate_left else n, scale_alg,
-        inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
+        fmt.inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
         GROUPED=group_ends is not None, BLOCK_N=MX_BLOCK_N, GROUP_CHUNK=MX_GROUP_CHUNK,
         num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
