@@ -11,6 +11,7 @@ languages and are tested bit-exactly against them.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -292,28 +293,49 @@ def mx_dequantize(
         raise ValueError(f"axis must be -1 (mxscale1) or -2 (mxscale2), got {axis}")
     if data.dim() < 2:
         raise ValueError(f"data must have rank >= 2, got shape {tuple(data.shape)}")
-    codes = scale.view(torch.uint8).to(torch.int64)
-    vals = fp8_decode(data.view(torch.uint8), fmt)
     *lead, m, c = data.shape
+    # fp32 is exact here (FP8 values have <= 4 significant bits, scales are powers of two >= 2**-127), so
+    # only a float64 request needs float64; the per-element work is two table lookups and one multiply.
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    vals = _lookup(_fp8_table(fmt, work, data.device), data)
     if axis == -1:
         if tuple(scale.shape) != mxscale1_shape(data.shape):
             raise ValueError(f"scale must have shape {mxscale1_shape(data.shape)}, got {tuple(scale.shape)}")
-        per_elem = codes.reshape(*lead, m, c // BLOCK).repeat_interleave(BLOCK, dim=-1)
-    else:
-        g = None if group_index is None else int(group_index.numel())
-        rows = mxscale2_rows(m, g)
-        if tuple(scale.shape) != (*lead, rows, c, 2):
-            raise ValueError(f"scale must have shape {(*lead, rows, c, 2)}, got {tuple(scale.shape)}")
-        blocks = codes.movedim(-1, -2).reshape(*lead, rows * 2, c)  # [.., 2R, C]: 32-row block slots
-        per_elem = torch.zeros(*lead, m, c, dtype=torch.int64, device=data.device)
-        if group_index is not None and data.dim() != 2:
-            raise ValueError("group_index is only supported with 2-D data")
-        ranges, bases = column_block_groups(group_index, m)
-        for (s, e), base in zip(ranges, bases, strict=True):
-            if e <= s:
-                continue
+        factor = _lookup(_e8m0_table(work, data.device), scale).view(*lead, m, c // BLOCK, 1)
+        return (vals.view(*lead, m, c // BLOCK, BLOCK) * factor).view(data.shape).to(dtype)
+    g = None if group_index is None else int(group_index.numel())
+    rows = mxscale2_rows(m, g)
+    if tuple(scale.shape) != (*lead, rows, c, 2):
+        raise ValueError(f"scale must have shape {(*lead, rows, c, 2)}, got {tuple(scale.shape)}")
+    if group_index is not None and data.dim() != 2:
+        raise ValueError("group_index is only supported with 2-D data")
+    table = _e8m0_table(work, data.device)
+    slots = _lookup(table, scale).movedim(-1, -2).reshape(*lead, rows * 2, c)  # 32-row block slots
+    ranges, bases = column_block_groups(group_index, m)
+    out = torch.empty_like(vals)
+    covered = ranges[-1][1]  # rows of no group (past the last end) read as code 0, like an unused slot
+    out[..., covered:, :] = vals[..., covered:, :] * table[0]
+    for (s, e), base in zip(ranges, bases, strict=True):
+        if e > s:
             slot = 2 * base + torch.arange(e - s, device=data.device) // BLOCK
-            per_elem[..., s:e, :] = blocks[..., slot, :]
-    factor = torch.pow(2.0, (per_elem - 127).to(torch.float64))
-    factor = torch.where(per_elem == 0xFF, torch.nan, factor)
-    return (vals.to(torch.float64) * factor).to(dtype)
+            out[..., s:e, :] = vals[..., s:e, :] * slots[..., slot, :]
+    return out.to(dtype)
+
+
+@functools.cache
+def _fp8_table(fmt: FP8Format, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return fp8_decode(torch.arange(256, dtype=torch.uint8), fmt).to(dtype=dtype, device=device)
+
+
+@functools.cache
+def _e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """E8M0 code -> 2**(code - 127); 0xFF is NaN (the scale of a NaN/inf block)."""
+    table = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 127)
+    table[0xFF] = torch.nan
+    return table.to(dtype=dtype, device=device)
+
+
+def _lookup(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``table[codes]`` for a uint8 / fp8 / e8m0 code tensor, with 4-byte indices."""
+    flat = codes.reshape(-1).view(torch.uint8).to(torch.int32)
+    return table.index_select(0, flat).view(codes.shape)
