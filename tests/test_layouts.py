@@ -149,6 +149,12 @@ def test_mxscale2_to_blocked_puts_groups_side_by_side():
 def test_layout_helpers_reject_bad_input():
     with pytest.raises(TypeError, match="scales"):
         swiglu_ops.layouts.to_blocked(torch.zeros(4, 4))
+    with pytest.raises(TypeError, match="scales must be a torch.Tensor"):
+        swiglu_ops.layouts.to_blocked([[0] * 4])
+    with pytest.raises(ValueError, match="group_index must be a non-empty 1-D"):
+        swiglu_ops.layouts.mxscale2_to_plain(
+            torch.zeros(2, 64, 2, dtype=torch.uint8), 64, torch.tensor([[64]])
+        )
     with pytest.raises(ValueError, match="rank 2"):
         swiglu_ops.layouts.to_blocked(torch.zeros(4, dtype=torch.uint8))
     with pytest.raises(ValueError, match="mxscale2 must have shape"):

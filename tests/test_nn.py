@@ -157,6 +157,10 @@ def test_forward_rejects_bad_input():
     x = torch.randn(4, 32)
     with pytest.raises(TypeError, match="weight must be float32"):
         swiglu_ops.clamped_swiglu(x, torch.ones(4, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        swiglu_ops.clamped_swiglu([[0.0] * 32] * 4)
+    with pytest.raises(ValueError, match="x must have rank >= 2"):
+        swiglu_ops.clamped_swiglu(torch.randn(32))
     with pytest.raises(ValueError, match="even"):
         swiglu_ops.clamped_swiglu(torch.randn(4, 33))
     with pytest.raises(ValueError, match="numel == rows"):

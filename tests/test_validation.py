@@ -307,11 +307,18 @@ REJECTED = [
     ),
     ("mx: unknown backend", mx_quant(backend="cuda"), ValueError, "backend must be one of"),
     # --- mx_dequantize
+    ("dequant: data not a tensor", dequant(data=[0] * 64), TypeError, "data and scale must be tensors"),
     ("dequant: data not fp8", dequant(data=torch.zeros(4, 64)), TypeError, "data"),
     ("dequant: scale float", dequant(scale=torch.zeros(4, 1, 2)), TypeError, "scale"),
     (
         "dequant: scale shape",
         dequant(scale=torch.zeros(4, 2, 2, dtype=torch.uint8)),
+        ValueError,
+        "scale must have shape",
+    ),
+    (
+        "dequant: mxscale2 shape",
+        dequant(scale=torch.zeros(1, 64, 2, dtype=torch.uint8), axis=-2, group_index=torch.tensor([2, 4])),
         ValueError,
         "scale must have shape",
     ),
