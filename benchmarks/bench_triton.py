@@ -1,116 +1,365 @@
-"""Triton backend on a CUDA GPU: correctness spot checks, then time, GB/s and % of measured copy bandwidth.
+"""Triton backend on a CUDA GPU: conformance at realistic sizes, then time and % of measured copy bandwidth.
 
-    python benchmarks/bench_triton.py          # about 1-3 minutes on an H100/H200
+    python benchmarks/bench_triton.py                 # check + benchmark + compiled-reference baselines
+    python benchmarks/bench_triton.py --tune          # also time launch-configuration variants
+    python benchmarks/bench_triton.py --json out.json # write every number
 
-For each shape: the op (backend="triton"), the reference under torch.compile, and a device copy of the same
-number of bytes (inputs read + outputs written), all timed with CUDA-graph replay
-(``triton.testing.do_bench_cudagraph``). The headline is % of copy roofline = copy time / op time.
-Contract targets on H100/H200: swiglu_group_grad >= 85 %, dual-axis quantisation >= 75 %.
+Steps (each prints as it goes; the summary table comes last):
+
+1. ``check``: both ops against the reference (run on the same GPU, eager) over dtypes, options and ragged
+   groups, with the contract's rule for every output tensor: FP8/E8M0 codes and 16-bit gradients equal except
+   near ties (at most 1 in 10,000 elements, one unit each), grad_weight within 1e-5 relative.
+2. ``big``: one tensor of more than 2**31 elements per op (64-bit offsets); its last rows are compared with
+   the reference run on just those rows.
+3. ``bench``: the op (backend=BACKEND), and a device copy of the same number of bytes (inputs read + outputs
+   written), both timed with CUDA-graph replay (``triton.testing.do_bench_cudagraph``, median). The headline
+   is % of copy roofline = copy time / op time. Contract targets on H100/H200: swiglu_group_grad >= 85 %,
+   dual-axis quantisation >= 75 %.
+4. ``tune`` (optional): the same timings for other tile shapes / warp counts, each variant first checked
+   against the reference.
+5. ``baselines``: the reference under ``torch.compile`` (plain ``do_bench``: it reads group ends on the
+   host), skipped when the run has used its ``--budget`` seconds.
+
 Exits with a message (status 0) when no CUDA device is present.
 """
 
 from __future__ import annotations
 
+import argparse
+import itertools
+import json
 import sys
+import time
+from pathlib import Path
 
 import torch
 
 import swiglu_ops
 
+# The contract's comparison rules (spec README section 3) live with the tests; the check reuses them.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import _compare  # noqa: E402
 
-def _copy_ms(nbytes: int, bench) -> float:
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    return bench(lambda: dst.copy_(src))
+T0 = time.perf_counter()
+#: Where and what is measured (a dry run on CPU swaps these to exercise the script without a GPU).
+DEVICE = "cuda"
+BACKEND = "triton"
 
 
-def _group_grad_case(rows, hidden, dtype):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    dy = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
-    x = (torch.randn(rows, 2 * hidden, device="cuda", generator=g) * 3).to(dtype)
-    w = torch.rand(rows, 1, device="cuda", generator=g)
-    yo = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
-    gi = torch.tensor([rows // 2, rows - rows // 2], device="cuda")
+def _log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f} s] {msg}", flush=True)
+
+
+def _near_ties(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
+    """(differing elements, worst difference in units) of two same-dtype tensors, for the log."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
+    diff = (got.view(view).to(torch.int64) - want.view(view).to(torch.int64)).abs()
+    return int((diff != 0).sum()), int(diff.max()) if diff.numel() else 0
+
+
+def _verdict(what: str, check) -> bool:
+    """Run one of the test suite's contract assertions (tests/_compare.py); log and return the verdict."""
+    try:
+        check()
+    except AssertionError as exc:
+        _log(f"  {what}: FAIL: {str(exc)[:300]}")
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+
+def _gen(seed):
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def _group_grad_case(rows, hidden, dtype, seed=0, weight=True, groups=True):
+    g = _gen(seed)
+    dy = torch.randn(rows, hidden, device=DEVICE, generator=g).to(dtype)
+    x = (torch.randn(rows, 2 * hidden, device=DEVICE, generator=g) * 3).to(dtype)
+    w = torch.rand(rows, 1, device=DEVICE, generator=g) if weight else None
+    yo = torch.randn(rows, hidden, device=DEVICE, generator=g).to(dtype) if weight else None
+    gi = torch.tensor([rows // 2, rows - rows // 2 - rows // 7], device=DEVICE) if groups else None
     args = (dy, x, w, yo, gi, 7.0)
-    nbytes = sum(t.numel() * t.element_size() for t in args[:4]) + x.numel() * x.element_size() + rows * 4
+    nbytes = sum(t.numel() * t.element_size() for t in args[:4] if t is not None)
+    nbytes += x.numel() * x.element_size() + (rows * 4 if weight else 0)
     return args, nbytes
 
 
-def _mx_case(m, c, groups, dtype):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(m, c, device="cuda", generator=g) * 3).to(dtype)
-    dy = torch.randn(m, c // 2, device="cuda", generator=g).to(dtype)
-    ends = torch.linspace(0, m, groups + 1, device="cuda")[1:].round().to(torch.int64)
-    rows2 = m // 64 + groups
+def _ragged_ends(m, groups, seed):
+    """Uneven cumulative ends (the last is M, as the API requires) with an empty second group."""
+    g = torch.Generator().manual_seed(seed)
+    if groups == 1:
+        return torch.tensor([m], device=DEVICE)
+    sizes = torch.rand(groups, generator=g) + 0.2
+    sizes[1] = 0
+    ends = (sizes.cumsum(0) / sizes.sum() * m).round().to(torch.int64)
+    ends[-1] = m
+    return ends.to(DEVICE)
+
+
+def _mx_case(m, c, groups, dtype, seed=0, ragged=False):
+    g = _gen(seed)
+    x = (torch.randn(m, c, device=DEVICE, generator=g) * 3).to(dtype)
+    dy = torch.randn(m, c // 2, device=DEVICE, generator=g).to(dtype)
+    if groups is None:
+        ends = None
+    elif ragged:
+        ends = _ragged_ends(m, groups, seed)
+    else:
+        ends = torch.linspace(0, m, groups + 1, device=DEVICE)[1:].round().to(torch.int64)
+    rows2 = (m // 64 + groups) if groups else -(-m // 64)
     nbytes = (x.numel() + dy.numel()) * x.element_size() + 2 * m * c + m * c // 32 + rows2 * c * 2
     return (x, dy, ends), nbytes
 
 
-def main() -> int:
+GG = swiglu_ops.swiglu_group_grad
+MXQ = swiglu_ops.swiglu_backward_mx_quant_dual_axis
+MX_NAMES = ("y1", "mxscale1", "y2", "mxscale2")
+
+
+def _compare_gg(args, quiet=False) -> bool:
+    got = GG(*args, backend=BACKEND)
+    want = GG(*args, backend="reference")
+    dy, x, w, yo, _gi, clamp = args
+    what = f"group_grad {tuple(x.shape)} {x.dtype} weight={w is not None}"
+    ok = _verdict(what, lambda: _compare.assert_group_grad_matches(got, want, BACKEND, (dy, x, w, yo, clamp)))
+    if not quiet:
+        count, worst = _near_ties(got[0], want[0])
+        _log(f"  {what}: grad_x {count} differ (max {worst} units) -> {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def _compare_mx(args, quiet=False, **kw) -> bool:
+    got = MXQ(*args, backend=BACKEND, **kw)
+    want = MXQ(*args, backend="reference", **kw)
+    groups = None if args[2] is None else args[2].numel()
+    what = f"mx {tuple(args[0].shape)} {args[0].dtype} {kw or ''} groups={groups}"
+    ok = _verdict(what, lambda: _compare.assert_mx_matches(got, want, BACKEND))
+    if not quiet:
+        counts = ", ".join(f"{n} {_near_ties(a, b)[0]}" for n, a, b in zip(MX_NAMES, got, want, strict=True))
+        _log(f"  {what}: differ {counts} -> {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def check() -> bool:
+    ok = True
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for rows, hidden, weight, groups in (
+            (77, 96, True, True),
+            (2048, 1408, True, True),
+            (4096, 2048, False, False),
+        ):
+            args, _ = _group_grad_case(rows, hidden, dtype, seed=rows, weight=weight, groups=groups)
+            ok &= _compare_gg(args)
+        for m, c, groups in ((100, 128, 3), (2048, 2048, 8), (4099, 1088, None), (3000, 4096, 33)):
+            args, _ = _mx_case(m, c, groups, dtype, seed=m, ragged=True)
+            ok &= _compare_mx(args)
+    args, _ = _mx_case(2048, 2048, 8, torch.bfloat16, seed=5, ragged=True)
+    ok &= _compare_mx(args, dst_dtype=torch.float8_e5m2)
+    ok &= _compare_mx(args, scale_alg=0)
+    ok &= _compare_mx(args, activate_left=False)
+    # Extreme magnitudes: overflow to inf/saturation, subnormal blocks, NaN.
+    x, dy, ends = args
+    x = x.clone()
+    x[:40] *= 2.0**100
+    x[40:80] *= 2.0**-120
+    x[100, 7] = float("nan")
+    ok &= _compare_mx((x, dy * 2.0**60, ends))
+    return ok
+
+
+BIG_SHAPE = (2**20 + 64, 2048)  # x: 2.15e9 elements
+
+
+def check_big() -> bool:
+    """One tensor above 2**31 elements per op; compare the last rows with the reference on just those."""
+    m, c = BIG_SHAPE
+    x = torch.randn(m, c, device=DEVICE, dtype=torch.bfloat16)
+    dy = torch.randn(m, c // 2, device=DEVICE, dtype=torch.bfloat16)
+    got = MXQ(x, dy, backend=BACKEND)
+    tail = slice(m - 256, m)  # starts on a 64-row boundary: its mxscale2 rows are the last four
+    want = MXQ(x[tail], dy[tail], backend="reference")
+    got_tail = (got[0][tail], got[1][tail], got[2][tail], got[3][(m - 256) // 64 :])
+    ok = _verdict("big mx", lambda: _compare.assert_mx_matches(got_tail, want, BACKEND))
+    _log(f"  big mx {tuple(x.shape)}: last 256 rows -> {'ok' if ok else 'FAIL'}")
+    del got, want
+    w = torch.rand(m, device=DEVICE)
+    gx, gw = GG(dy, x, w, dy, None, 7.0, backend=BACKEND)
+    want = GG(dy[tail], x[tail], w[tail], dy[tail], None, 7.0, backend="reference")
+    good = _verdict(
+        "big group_grad", lambda: _compare.assert_group_grad_matches((gx[tail], gw[tail]), want, BACKEND)
+    )
+    _log(f"  big group_grad {tuple(x.shape)}: last 256 rows -> {'ok' if good else 'FAIL'}")
+    return ok and good
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+def _bench(fn) -> float:
+    from triton.testing import do_bench_cudagraph
+
+    fn()
+    return do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def _copy_ms(nbytes: int) -> float:
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=DEVICE).normal_()
+    dst = torch.empty_like(src)
+    return _bench(lambda: dst.copy_(src))
+
+
+GG_SHAPES = ((8192, 2048), (16384, 4096))
+MX_SHAPES = ((8192, 4096, None), (16384, 4096, 8), (32768, 7168, 32))
+
+
+def bench_cases():
+    for rows, hidden in GG_SHAPES:
+        args, nbytes = _group_grad_case(rows, hidden, torch.bfloat16)
+        yield (
+            "swiglu_group_grad",
+            f"{rows}x{2 * hidden}",
+            args,
+            nbytes,
+            lambda a=args: GG(*a, backend=BACKEND),
+        )
+    for m, c, groups in MX_SHAPES:
+        args, nbytes = _mx_case(m, c, groups, torch.bfloat16)
+        name = f"mx_dual_axis G={groups or 0}"
+        yield name, f"{m}x{c}", args, nbytes, lambda a=args: MXQ(*a, backend=BACKEND)
+
+
+def run_bench(copy_ms: dict) -> list[dict]:
+    rows = []
+    for name, shape, _args, nbytes, fn in bench_cases():
+        t = _bench(fn)
+        if nbytes not in copy_ms:
+            copy_ms[nbytes] = _copy_ms(nbytes)
+        rows.append({"op": name, "shape": shape, "bytes": nbytes, "ms": t, "copy_ms": copy_ms[nbytes]})
+        _log(f"  {name} {shape}: {t:.4f} ms, {100 * copy_ms[nbytes] / t:.1f} % of copy")
+    return rows
+
+
+TUNE_GG = [
+    dict(GROUP_GRAD_ROWS=r, GROUP_GRAD_BLOCK_H=h, GROUP_GRAD_NUM_WARPS=w)
+    for r, h, w in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8))
+    if r * h <= 8192
+]
+TUNE_MX = [
+    dict(MX_BLOCK_N=b, MX_NUM_WARPS=w)
+    for b, w in itertools.product((32, 64, 128), (2, 4, 8, 16))
+    if b * w <= 1024
+]
+
+
+def run_tune(copy_ms: dict) -> list[dict]:
+    from swiglu_ops import triton as tb
+
+    defaults = {k: getattr(tb, k) for k in {*TUNE_GG[0], *TUNE_MX[0]}}
+    out = []
+    try:
+        for variants, op in ((TUNE_GG, "gg"), (TUNE_MX, "mx")):
+            for v in variants:
+                for k, val in v.items():
+                    setattr(tb, k, val)
+                try:
+                    _tune_variant(op, v, copy_ms, out)
+                except Exception as exc:  # noqa: BLE001 - one variant that fails to build must not end the run
+                    _log(f"  tune {op} {v}: {type(exc).__name__}: {str(exc)[:200]}")
+    finally:
+        for k, val in defaults.items():
+            setattr(tb, k, val)
+    return out
+
+
+def _tune_variant(op: str, v: dict, copy_ms: dict, out: list) -> None:
+    """Check the variant against the reference on a ragged case, then time it on the benchmark shapes."""
+    if op == "gg":
+        args, _ = _group_grad_case(333, 1408, torch.bfloat16, seed=3)
+        good = _compare_gg(args, quiet=True)
+    else:
+        args, _ = _mx_case(1000, 2048, 5, torch.bfloat16, seed=3, ragged=True)
+        good = _compare_mx(args, quiet=True)
+    for name, shape, _a, nbytes, fn in bench_cases():
+        if name.startswith("swiglu") != (op == "gg"):
+            continue
+        t = _bench(fn)
+        pct = 100 * copy_ms[nbytes] / t
+        out.append({"op": name, "shape": shape, "variant": v, "ok": good, "ms": t, "pct": pct})
+        _log(f"  tune {name} {shape} {v}: {t:.4f} ms {pct:.1f} % {'ok' if good else 'WRONG'}")
+
+
+def run_baselines(rows: list[dict], budget: float) -> None:
+    from triton.testing import do_bench
+
+    gg_ref = torch.compile(lambda *a: GG(*a, backend="reference"))
+    mx_ref = torch.compile(lambda x, dy, ends: MXQ(x, dy, ends, backend="reference"))
+    for row, (name, _shape, args, _n, _fn) in zip(rows, bench_cases(), strict=True):
+        row["compiled_ref_ms"] = float("nan")
+        if time.perf_counter() - T0 > budget:
+            _log(f"  compiled reference for {name} {row['shape']}: skipped (budget spent)")
+            continue
+        ref = (lambda a=args: gg_ref(*a)) if name.startswith("swiglu") else (lambda a=args: mx_ref(*a))
+        try:
+            ref()
+            row["compiled_ref_ms"] = do_bench(ref, rep=100, return_mode="median")
+        except Exception as exc:  # noqa: BLE001 - a baseline failure must not hide the op's numbers
+            _log(f"  compiled reference unavailable: {type(exc).__name__}: {str(exc)[:160]}")
+        _log(f"  compiled reference {name} {row['shape']}: {row['compiled_ref_ms']:.3f} ms")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tune", action="store_true", help="also time launch-configuration variants")
+    p.add_argument("--no-check", action="store_true", help="skip the conformance sweep and the big case")
+    p.add_argument("--no-baselines", action="store_true", help="skip the compiled reference")
+    p.add_argument("--budget", type=float, default=420.0, help="seconds after which baselines are skipped")
+    p.add_argument("--json", help="write all results to this file")
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_triton: no CUDA device; the Triton backend benchmark needs an NVIDIA GPU (nothing run).")
         return 0
-    from triton.testing import do_bench, do_bench_cudagraph
+    import triton
 
-    def bench(fn):
-        fn()
-        return do_bench_cudagraph(fn, rep=200)
-
-    def bench_baseline(fn):
-        """The compiled reference reads group ends on the host (not capturable in a CUDA graph) and may fail
-        to compile in reasonable time: plain do_bench, and n/a instead of aborting the run."""
-        try:
-            fn()
-            return do_bench(fn, rep=200)
-        except Exception as exc:  # noqa: BLE001 - a baseline failure must not hide the op's numbers
-            print(f"  (compiled reference unavailable: {type(exc).__name__}: {str(exc)[:120]})")
-            return float("nan")
-
-    gg = swiglu_ops.swiglu_group_grad
-    mxq = swiglu_ops.swiglu_backward_mx_quant_dual_axis
-    gg_ref = torch.compile(lambda *a: gg(*a, backend="reference"))
-    mx_ref = torch.compile(lambda x, dy, ends: mxq(x, dy, ends, backend="reference"))
-
-    # Correctness first: bit-exact codes / contract tolerances against the eager reference.
-    for rows, hidden in ((77, 96), (300, 1408)):
-        args, _ = _group_grad_case(rows, hidden, torch.bfloat16)
-        got, want = gg(*args, backend="triton"), gg(*args, backend="reference")
-        diff = (got[0].float() - want[0].float()).abs() > 2.0**-7 * want[0].float().abs()
-        assert int(diff.sum()) <= max(1, got[0].numel() // 10_000), "swiglu_group_grad: grad_x mismatch"
-        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
-    for m, c, groups in ((100, 128, 3), (1000, 1024, 8)):
-        args, _ = _mx_case(m, c, groups, torch.bfloat16)
-        got, want = mxq(*args, backend="triton"), mxq(*args, backend="reference")
-        for name, a, b in zip(("y1", "mxscale1", "y2", "mxscale2"), got, want, strict=True):
-            differ = int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
-            assert differ <= max(1, a.numel() // 10_000), (
-                f"swiglu_backward_mx_quant: {name} differs in {differ}"
-            )
-    print("correctness: ok")
-
-    rows_out = []
-    for rows, hidden in ((8192, 2048), (16384, 4096)):
-        args, nbytes = _group_grad_case(rows, hidden, torch.bfloat16)
-        t_op = bench(lambda a=args: gg(*a, backend="triton"))
-        t_ref = bench_baseline(lambda a=args: gg_ref(*a))
-        rows_out.append(
-            ("swiglu_group_grad", f"{rows}x{2 * hidden}", nbytes, t_op, t_ref, _copy_ms(nbytes, bench))
-        )
-    for m, c, groups in ((8192, 4096, 1), (16384, 4096, 8), (32768, 7168, 32)):
-        args, nbytes = _mx_case(m, c, groups, torch.bfloat16)
-        t_op = bench(lambda a=args: mxq(*a, backend="triton"))
-        t_ref = bench_baseline(lambda a=args: mx_ref(*a))
-        rows_out.append(
-            (f"mx_dual_axis G={groups}", f"{m}x{c}", nbytes, t_op, t_ref, _copy_ms(nbytes, bench))
-        )
-
-    print(f"\n{torch.cuda.get_device_name()}")
+    _log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    ok = True
+    if not args.no_check:
+        _log("check: triton against the reference")
+        ok = result["check_ok"] = check()
+        _log("check big (> 2**31 elements)")
+        big = result["big_ok"] = check_big()
+        ok &= big
+        torch.cuda.empty_cache()
+    _log("bench")
+    copy_ms: dict = {}
+    rows = result["bench"] = run_bench(copy_ms)
+    if args.tune:
+        _log("tune")
+        result["tune"] = run_tune(copy_ms)
+    if not args.no_baselines:
+        _log("baselines: reference under torch.compile")
+        run_baselines(rows, args.budget)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"\n{result['device']}")
     header = ("op", "shape", "MB", "ms", "GB/s", "% copy", "compiled ref ms", "speedup")
     print("{:<24} {:>12} {:>8} {:>8} {:>8} {:>7} {:>16} {:>8}".format(*header))
-    for name, shape, nbytes, t_op, t_ref, t_copy in rows_out:
-        print(f"{name:<24} {shape:>12} {nbytes / 1e6:>8.1f} {t_op:>8.4f} {nbytes / t_op / 1e6:>8.0f} "
-              f"{100 * t_copy / t_op:>6.1f}% {t_ref:>16.4f} {t_ref / t_op:>7.1f}x")  # fmt: skip
-    return 0
+    for r in rows:
+        t, ref = r["ms"], r.get("compiled_ref_ms", float("nan"))
+        gbs, pct = r["bytes"] / t / 1e6, 100 * r["copy_ms"] / t
+        print(f"{r['op']:<24} {r['shape']:>12} {r['bytes'] / 1e6:>8.1f} {t:>8.4f} {gbs:>8.0f} "
+              f"{pct:>6.1f}% {ref:>16.4f} {ref / t:>7.1f}x")  # fmt: skip
+    if not args.no_check:
+        print("conformance:", "ok" if ok else "FAILED")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
