@@ -57,6 +57,10 @@ def _near_ties(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
     return int((diff != 0).sum()), int(diff.max()) if diff.numel() else 0
 
 
+def _cpu(ts):
+    return tuple(None if t is None else t.cpu() for t in ts)
+
+
 def _verdict(what: str, check) -> bool:
     """Run one of the test suite's contract assertions (tests/_compare.py); log and return the verdict."""
     try:
@@ -124,7 +128,7 @@ def _compare_gg(args, quiet=False) -> bool:
     want = GG(*args, backend="reference")
     dy, x, w, yo, _gi, clamp = args
     what = f"group_grad {tuple(x.shape)} {x.dtype} weight={w is not None}"
-    ok = _verdict(what, lambda: _compare.assert_group_grad_matches(got, want, BACKEND, (dy, x, w, yo, clamp)))
+    ok = _verdict(what, lambda: _compare.assert_group_grad_matches(_cpu(got), _cpu(want), BACKEND, (*_cpu((dy, x, w, yo)), clamp)))
     if not quiet:
         count, worst = _near_ties(got[0], want[0])
         _log(f"  {what}: grad_x {count} differ (max {worst} units) -> {'ok' if ok else 'FAIL'}")
@@ -136,7 +140,7 @@ def _compare_mx(args, quiet=False, **kw) -> bool:
     want = MXQ(*args, backend="reference", **kw)
     groups = None if args[2] is None else args[2].numel()
     what = f"mx {tuple(args[0].shape)} {args[0].dtype} {kw or ''} groups={groups}"
-    ok = _verdict(what, lambda: _compare.assert_mx_matches(got, want, BACKEND))
+    ok = _verdict(what, lambda: _compare.assert_mx_matches(_cpu(got), _cpu(want), BACKEND))
     if not quiet:
         counts = ", ".join(f"{n} {_near_ties(a, b)[0]}" for n, a, b in zip(MX_NAMES, got, want, strict=True))
         _log(f"  {what}: differ {counts} -> {'ok' if ok else 'FAIL'}")
@@ -182,14 +186,14 @@ def check_big() -> bool:
     tail = slice(m - 256, m)  # starts on a 64-row boundary: its mxscale2 rows are the last four
     want = MXQ(x[tail], dy[tail], backend="reference")
     got_tail = (got[0][tail], got[1][tail], got[2][tail], got[3][(m - 256) // 64 :])
-    ok = _verdict("big mx", lambda: _compare.assert_mx_matches(got_tail, want, BACKEND))
+    ok = _verdict("big mx", lambda: _compare.assert_mx_matches(_cpu(got_tail), _cpu(want), BACKEND))
     _log(f"  big mx {tuple(x.shape)}: last 256 rows -> {'ok' if ok else 'FAIL'}")
     del got, want
     w = torch.rand(m, device=DEVICE)
     gx, gw = GG(dy, x, w, dy, None, 7.0, backend=BACKEND)
     want = GG(dy[tail], x[tail], w[tail], dy[tail], None, 7.0, backend="reference")
     good = _verdict(
-        "big group_grad", lambda: _compare.assert_group_grad_matches((gx[tail], gw[tail]), want, BACKEND)
+        "big group_grad", lambda: _compare.assert_group_grad_matches(_cpu((gx[tail], gw[tail])), _cpu(want), BACKEND)
     )
     _log(f"  big group_grad {tuple(x.shape)}: last 256 rows -> {'ok' if good else 'FAIL'}")
     return ok and good
@@ -206,7 +210,8 @@ def _bench(fn) -> float:
 
 
 def _copy_ms(nbytes: int) -> float:
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=DEVICE).normal_()
+    """A device copy that reads nbytes / 2 and writes nbytes / 2: the op's bytes moved, read + written."""
+    src = torch.empty(nbytes // 8, dtype=torch.float32, device=DEVICE).normal_()
     dst = torch.empty_like(src)
     return _bench(lambda: dst.copy_(src))
 

@@ -27,9 +27,9 @@ MX_BLOCK_N = 64
 MX_GROUP_CHUNK = 128
 MX_NUM_WARPS = 8
 # swiglu_group_grad: a tile is GROUP_GRAD_ROWS rows x GROUP_GRAD_BLOCK_H hidden columns (2048 elements).
-GROUP_GRAD_ROWS = 8
+GROUP_GRAD_ROWS = 4
 GROUP_GRAD_BLOCK_H = 256
-GROUP_GRAD_NUM_WARPS = 8
+GROUP_GRAD_NUM_WARPS = 4
 
 
 def is_available(device) -> tuple[bool, str]:
