@@ -356,3 +356,93 @@ def test_benchmark_quick_mode_writes_results(tmp_path, capsys):
     assert {r["op"] for r in results} == {"swiglu_group_grad", "swiglu_bwd_mx_quant"}
     assert all(r["fused_ms"] > 0 and r["copy_ms"] > 0 for r in results)
     assert (tmp_path / "bench_cpu.csv").read_text().count("\n") == len(results) + 1
+
+
+# ------------------------------------------------------------------------------------ output cache
+
+
+def _cache(max_mb: int = 64):
+    from swiglu_ops.cpu import OutputCache
+
+    return OutputCache(max_bytes=max_mb << 20, min_bytes=1 << 20)
+
+
+def test_output_cache_reuses_the_memory_of_freed_outputs_only():
+    import gc
+
+    cache = _cache()
+    first = cache.empty((1024, 1024), torch.bfloat16)
+    assert first.shape == (1024, 1024) and first.dtype == torch.bfloat16 and first.is_contiguous()
+    ptr = first.data_ptr()
+    second = cache.empty((1024, 1024), torch.bfloat16)  # first is alive: new memory
+    assert second.data_ptr() != ptr
+    view = first[3:5]  # a view keeps the buffer in use after its base tensor is gone
+    del first
+    gc.collect()
+    third = cache.empty((2048, 512), torch.bfloat16)
+    assert third.data_ptr() != ptr and cache.free_bytes == 0
+    del view
+    gc.collect()
+    assert cache.free_bytes == 2 << 20
+    fourth = cache.empty((512, 1024), torch.float32)  # same byte size, other dtype and shape: reused
+    assert fourth.data_ptr() == ptr and fourth.shape == (512, 1024) and fourth.dtype == torch.float32
+    assert cache.free_bytes == 0
+    fourth.fill_(1.5)  # ordinary writable memory
+    assert float(fourth.sum()) == 1.5 * fourth.numel()
+
+
+def test_output_cache_keeps_at_most_max_bytes_and_leaves_small_requests_to_torch():
+    import gc
+
+    cache = _cache(max_mb=3)
+    outs = [cache.empty((1 << 20,), torch.uint8) for _ in range(5)]
+    del outs
+    gc.collect()
+    assert cache.free_bytes == 3 << 20  # the two oldest were dropped
+    small = cache.empty((100,), torch.float32)
+    del small
+    gc.collect()
+    assert cache.free_bytes == 3 << 20
+    cache.clear()
+    assert cache.free_bytes == 0
+    off = _cache(max_mb=0)
+    t = off.empty((1 << 20,), torch.uint8)
+    del t
+    gc.collect()
+    assert off.free_bytes == 0
+
+
+def test_ops_as_called_reuse_freed_outputs_and_stay_correct(monkeypatch):
+    """Two calls with the first result freed in between: the second writes into recycled memory (which
+    held the first call's values) and must still equal the reference everywhere, mxscale2's zero rows too."""
+    import gc
+
+    from swiglu_ops import cpu as cpu_backend
+
+    monkeypatch.setattr(cpu_backend.OUTPUT_CACHE, "min_bytes", 1 << 16)  # cache this test's small outputs
+
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(200, 4096, generator=gen) * 3).bfloat16()
+    dy = torch.randn(200, 2048, generator=gen).bfloat16()
+    w = torch.rand(200, generator=gen)
+    ends = torch.tensor([33, 33, 150, 200])
+    want_gg = swiglu_ops.swiglu_group_grad(dy, x, w, dy, torch.tensor([120]), 7.0, backend="reference")
+    want_mx = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="reference")
+    for _ in range(2):
+        assert_group_grad_matches(
+            swiglu_ops.swiglu_group_grad(dy, x, w, dy, torch.tensor([120]), 7.0, backend="cpu"),
+            want_gg,
+            "cpu",
+            (dy, x, w, dy, 7.0),
+        )
+        # Dirty every buffer of the next call: same shapes, other values and other mxscale2 slots.
+        dirty = torch.tensor([1, 100, 101, 200])
+        got = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x.flip(0), dy.flip(0), dirty, backend="cpu")
+        del got
+        gc.collect()
+        assert cpu_backend.OUTPUT_CACHE.free_bytes > 0
+        assert_mx_matches(
+            swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="cpu"), want_mx, "cpu"
+        )
+    live = [swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")[0] for _ in range(2)]
+    assert live[0].data_ptr() != live[1].data_ptr()

@@ -19,6 +19,9 @@ normalised arguments (the *kernel contract*):
     Outputs (all uint8, contiguous): ``y1``/``y2`` [B, M, C] element codes, ``s1`` [B, M, C/32] row-wise
     scale codes in block order, ``s2`` [B, R, C, 2] column-wise scale codes, **already zero-filled**: the
     backend writes only the slots that a 32-row block maps to.
+
+``empty(shape, dtype) -> Tensor`` (optional)
+    Allocates the outputs when the caller passes no ``out=`` (default ``torch.empty`` on the data's device).
 """
 
 from __future__ import annotations
@@ -261,10 +264,8 @@ def swiglu_group_grad(
     hidden = grad_y.shape[-1]
     rows = math.prod(grad_y.shape[:-1])
     if out is None:
-        grad_x = torch.empty(x.shape, dtype=grad_y.dtype, device=x.device)
-        grad_weight = (
-            None if weight is None else torch.empty(weight.shape, dtype=torch.float32, device=x.device)
-        )
+        grad_x = _empty(impl, x.shape, grad_y.dtype, x.device)
+        grad_weight = None if weight is None else _empty(impl, weight.shape, torch.float32, x.device)
     else:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError("out must be a (grad_x, grad_weight) tuple")
@@ -288,6 +289,13 @@ def swiglu_group_grad(
         None if grad_weight is None else grad_weight.view(rows),
     )
     return grad_x, grad_weight
+
+
+def _empty(impl, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output tensor: from the backend's own allocator when it has one (the cpu backend reuses freed
+    outputs, see ``swiglu_ops.cpu.OutputCache``), else ``torch.empty``."""
+    alloc = getattr(impl, "empty", None)
+    return torch.empty(shape, dtype=dtype, device=device) if alloc is None else alloc(tuple(shape), dtype)
 
 
 def mx_output_specs(x, group_index, dst_dtype):
@@ -337,7 +345,7 @@ def swiglu_backward_mx_quant_dual_axis(
     specs = mx_output_specs(x, group_index, dst_dtype)
     names = ("out[0] (y1)", "out[1] (mxscale1)", "out[2] (y2)", "out[3] (mxscale2)")
     if out is None:
-        outs = [torch.empty(s, dtype=d, device=x.device) for s, d in specs]
+        outs = [_empty(impl, s, d, x.device) for s, d in specs]
     else:
         if not isinstance(out, (tuple, list)) or len(out) != 4:
             raise TypeError("out must be a (y1, mxscale1, y2, mxscale2) tuple")

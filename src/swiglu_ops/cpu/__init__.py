@@ -7,19 +7,35 @@ first use for each dtype and cached on disk next to this package (or in ``NUMBA_
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 from .. import mx
 from . import _numerics
 from ._group_grad import group_grad_kernel, pairwise_plan
-from ._memory import advise_huge_pages
+from ._memory import OutputCache, advise_huge_pages
 from ._mx_quant import mx_quant_kernel, row_blocks
 
 NAME = "cpu"
 
 _KINDS = {torch.bfloat16: _numerics.BF16, torch.float16: _numerics.FP16, torch.float32: _numerics.FP32}
 _STORAGE = {torch.bfloat16: torch.uint16, torch.float16: torch.uint16, torch.float32: torch.uint32}
+
+
+#: Freed outputs kept for reuse, at most this many MiB of them (``SWIGLU_OPS_CPU_CACHE_MB``, 0 disables).
+OUTPUT_CACHE = OutputCache(max_bytes=int(os.environ.get("SWIGLU_OPS_CPU_CACHE_MB", "1024")) << 20)
+
+
+def empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """Output allocation for ``swiglu_ops._api``: large outputs reuse the memory of freed ones."""
+    return OUTPUT_CACHE.empty(shape, dtype)
+
+
+def empty_cache() -> None:
+    """Release the memory of every freed output kept for reuse."""
+    OUTPUT_CACHE.clear()
 
 
 def is_available(device) -> tuple[bool, str]:
@@ -82,4 +98,4 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
     )
 
 
-__all__ = ["NAME", "is_available", "swiglu_group_grad", "swiglu_bwd_mx_quant"]
+__all__ = ["NAME", "empty", "empty_cache", "is_available", "swiglu_group_grad", "swiglu_bwd_mx_quant"]
