@@ -446,3 +446,24 @@ def test_ops_as_called_reuse_freed_outputs_and_stay_correct(monkeypatch):
         )
     live = [swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")[0] for _ in range(2)]
     assert live[0].data_ptr() != live[1].data_ptr()
+
+
+def test_kernels_cache_key_follows_every_cpu_source_file():
+    """Numba's disk cache checks only the kernel's own file; the helpers in _numerics.py are inlined into
+    the kernels, so each kernel captures a hash of all the backend's sources as a closure constant (part
+    of Numba's cache key): editing any of them recompiles instead of loading a stale kernel."""
+    import hashlib
+    from pathlib import Path
+
+    from swiglu_ops.cpu import _group_grad, _mx_quant
+
+    files = sorted(Path(nx.__file__).parent.glob("*.py"))
+    assert {f.name for f in files} >= {"_numerics.py", "_group_grad.py", "_mx_quant.py"}
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).digest()[:7]
+    assert nx.SOURCE_TAG == int.from_bytes(digest, "little")
+    for kernel in (
+        _group_grad.group_grad_kernel(nx.BF16, True),
+        _mx_quant.mx_quant_kernel(nx.BF16, mx.E4M3FN),
+    ):
+        cells = dict(zip(kernel.py_func.__code__.co_freevars, kernel.py_func.__closure__, strict=True))
+        assert cells["source_tag"].cell_contents == nx.SOURCE_TAG

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from ._numerics import exp_f32, narrow, widen
+from ._numerics import SOURCE_TAG, exp_f32, narrow, widen
 
 #: Rows per parallel task: enough work to amortise scheduling, small enough to balance the cores.
 ROWS_PER_TASK = 16
@@ -120,9 +120,12 @@ def group_grad_kernel(kind: int, has_clamp: bool):
     specialised, branch-free kernel per combination, and only those that are used.
     """
 
+    source_tag = SOURCE_TAG
+
     @njit(parallel=True, cache=True, error_model="numpy")
     def kernel(dy, x, weight, y_origin, valid_rows, clamp, leaves, merges, grad_x, grad_weight):
         """All rows. ``weight``/``grad_weight`` are empty (and ``y_origin`` is [0, H]) when absent."""
+        _ = source_tag  # part of the cache key (see _numerics.SOURCE_TAG)
         rows, hidden = dy.shape
         has_weight = weight.shape[0] > 0
         ntasks = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK

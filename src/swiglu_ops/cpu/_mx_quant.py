@@ -18,6 +18,7 @@ from numba import njit, prange
 from .. import mx
 from ._numerics import (
     FP32,
+    SOURCE_TAG,
     bits_from_f32,
     exp_f32,
     fp8_encode,
@@ -70,8 +71,11 @@ def mx_quant_kernel(kind: int, fmt: mx.FP8Format):
     storage = np.uint32 if kind == FP32 else np.uint16
     mag_mask = storage(0x7FFFFFFF if kind == FP32 else 0x7FFF)
 
+    source_tag = SOURCE_TAG
+
     @njit(parallel=True, cache=True, error_model="numpy")
     def kernel(x, dy, blocks, activate_left, scale_alg, y1, s1, y2, s2):
+        _ = source_tag  # part of the cache key (see _numerics.SOURCE_TAG)
         n = dy.shape[2]
         nchunks = (n + CHUNK - 1) // CHUNK
         a_col = 0 if activate_left else n  # the activated half A; its gradient goes to A's columns
