@@ -72,29 +72,38 @@ def pairwise_plan(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(leaves, dtype=np.int64).reshape(-1, 2), np.array(merges, dtype=np.int64)
 
 
+_U64 = np.uint64
+
+
 @njit(inline="always")
 def _leaf_sum(a, start, n):
-    """NumPy's float32 sum of a run of at most 128 elements (spec section 5)."""
+    """NumPy's float32 sum of a run of at most 128 elements (spec section 5).
+
+    Indices are ``uint64``: for a signed index Numba adds a negative-index wraparound select to every
+    access (4 instructions per add here), which LLVM cannot drop because ``start`` comes from an array.
+    """
+    s = _U64(start)
     if n < 8:
         res = np.float32(-0.0)
-        for i in range(start, start + n):
-            res += a[i]
+        for i in range(n):
+            res += a[s + _U64(i)]
         return res
-    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
-    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
+    r0, r1, r2, r3 = a[s], a[s + _U64(1)], a[s + _U64(2)], a[s + _U64(3)]
+    r4, r5, r6, r7 = a[s + _U64(4)], a[s + _U64(5)], a[s + _U64(6)], a[s + _U64(7)]
     body = n - n % 8
-    for i in range(start + 8, start + body, 8):
-        r0 += a[i]
-        r1 += a[i + 1]
-        r2 += a[i + 2]
-        r3 += a[i + 3]
-        r4 += a[i + 4]
-        r5 += a[i + 5]
-        r6 += a[i + 6]
-        r7 += a[i + 7]
+    for i in range(8, body, 8):
+        u = s + _U64(i)
+        r0 += a[u]
+        r1 += a[u + _U64(1)]
+        r2 += a[u + _U64(2)]
+        r3 += a[u + _U64(3)]
+        r4 += a[u + _U64(4)]
+        r5 += a[u + _U64(5)]
+        r6 += a[u + _U64(6)]
+        r7 += a[u + _U64(7)]
     res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    for i in range(start + body, start + n):
-        res += a[i]
+    for i in range(body, n):
+        res += a[s + _U64(i)]
     return res
 
 
