@@ -48,13 +48,14 @@ def _group_grad_specs():
                        "valid_ptr": "*i64" if has_mask else "constexpr", "gx_ptr": f"*{dt}",
                        "gw_ptr": "constexpr", "rows": "i32", "hidden": "i32", "clamp": "fp32", **opt,
                        "HAS_WEIGHT": "constexpr", "HAS_MASK": "constexpr", "ROWS": "constexpr",
-                       "BLOCK_H": "constexpr"}  # fmt: skip
+                       "BLOCK_H": "constexpr", "PREFETCH": "constexpr"}  # fmt: skip
                 consts = {k: None for k, v in sig.items() if v == "constexpr"}
                 consts.update(
                     HAS_WEIGHT=has_weight,
                     HAS_MASK=has_mask,
                     ROWS=backend.GROUP_GRAD_ROWS,
                     BLOCK_H=backend.GROUP_GRAD_BLOCK_H,
+                    PREFETCH=backend.GROUP_GRAD_PREFETCH,
                 )
                 ptrs = [k for k, v in sig.items() if v.startswith("*")]
                 for aligned in (

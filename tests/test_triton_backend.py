@@ -325,6 +325,27 @@ def test_group_grad_weight_sum_tolerance_is_tight():
     _check_group_grad(dy, x, w, yo)
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize(("rows_per_tile", "block_h"), [(4, 256), (2, 512), (1, 1024), (8, 256)])
+def test_group_grad_tile_variants(monkeypatch, prefetch, rows_per_tile, block_h):
+    """Every tile / prefetch setting the benchmark tunes over, on a hidden size that leaves a partial last
+    chunk (and a single-chunk one), with NaN/inf inputs, clamping, weight and a row mask."""
+    monkeypatch.setattr(triton_backend, "GROUP_GRAD_PREFETCH", prefetch)
+    monkeypatch.setattr(triton_backend, "GROUP_GRAD_ROWS", rows_per_tile)
+    monkeypatch.setattr(triton_backend, "GROUP_GRAD_BLOCK_H", block_h)
+    gen = torch.Generator().manual_seed(rows_per_tile * block_h)
+    for hidden in (block_h + 37, 40):
+        dy = _randn(11, hidden, dtype=torch.bfloat16, gen=gen).cpu()
+        x = _randn(11, 2 * hidden, dtype=torch.bfloat16, scale=4.0, gen=gen).cpu()
+        x[0, :4] = torch.tensor([torch.nan, torch.inf, -torch.inf, -90.0])  # -90: subnormal sigmoid
+        x[1, hidden : hidden + 3] = torch.tensor([torch.nan, torch.inf, -torch.inf])
+        w = torch.rand(11, generator=gen) + 0.5
+        yo = _randn(11, hidden, dtype=torch.bfloat16, gen=gen).cpu()
+        args = [t.to(DEVICE) for t in (dy, x, w, yo)]
+        _check_group_grad(*args, torch.tensor([7], device=DEVICE), clamp=2.0)
+        _check_group_grad(*args[:2])
+
+
 def test_group_grad_is_deterministic():
     gen = torch.Generator().manual_seed(4)
     args = (

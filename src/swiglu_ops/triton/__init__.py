@@ -35,6 +35,8 @@ MX_NUM_WARPS = 8
 GROUP_GRAD_ROWS = 4
 GROUP_GRAD_BLOCK_H = 256
 GROUP_GRAD_NUM_WARPS = 4
+# Issue the loads of the next hidden chunk before the math of the current one (register double buffering).
+GROUP_GRAD_PREFETCH = True
 
 
 def is_available(device) -> tuple[bool, str]:
@@ -61,7 +63,7 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
         dy, x, weight, y_origin, valid_rows, grad_x, grad_weight,
         rows, hidden, clamp,
         HAS_WEIGHT=weight is not None, HAS_MASK=valid_rows is not None, ROWS=GROUP_GRAD_ROWS,
-        BLOCK_H=GROUP_GRAD_BLOCK_H,
+        BLOCK_H=GROUP_GRAD_BLOCK_H, PREFETCH=GROUP_GRAD_PREFETCH,
         num_warps=GROUP_GRAD_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
