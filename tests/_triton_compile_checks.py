@@ -48,13 +48,14 @@ def _group_grad_specs():
                        "valid_ptr": "*i64" if has_mask else "constexpr", "gx_ptr": f"*{dt}",
                        "gw_ptr": "constexpr", "rows": "i32", "hidden": "i32", "clamp": "fp32", **opt,
                        "HAS_WEIGHT": "constexpr", "HAS_MASK": "constexpr", "ROWS": "constexpr",
-                       "BLOCK_H": "constexpr"}  # fmt: skip
+                       "BLOCK_H": "constexpr", "PREFETCH": "constexpr"}  # fmt: skip
                 consts = {k: None for k, v in sig.items() if v == "constexpr"}
                 consts.update(
                     HAS_WEIGHT=has_weight,
                     HAS_MASK=has_mask,
                     ROWS=backend.GROUP_GRAD_ROWS,
                     BLOCK_H=backend.GROUP_GRAD_BLOCK_H,
+                    PREFETCH=backend.GROUP_GRAD_PREFETCH,
                 )
                 ptrs = [k for k, v in sig.items() if v.startswith("*")]
                 for aligned in (
@@ -68,21 +69,29 @@ def _group_grad_specs():
 
 def _mx_specs():
     fn = _kernels.swiglu_bwd_mx_quant_kernel
-    for dt in _DTYPES:
-        for grouped in (False, True):
-            sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
-                   "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
-                   "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
-                   "a_col": "i32", "scale_alg": "i32", "inv_max": "fp32", "emax": "i32", "mbits": "i32",
-                   "bias": "i32", "max_code": "i32",
-                   "GROUPED": "constexpr", "BLOCK_N": "constexpr", "GROUP_CHUNK": "constexpr"}  # fmt: skip
-            consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(GROUPED=grouped, BLOCK_N=backend.MX_BLOCK_N, GROUP_CHUNK=backend.MX_GROUP_CHUNK)
-            ptrs = [k for k, v in sig.items() if v.startswith("*")]
-            for aligned in (True, False) if (dt, grouped) == ("bf16", True) else (True,):
-                name = f"bwd_mx_quant[{dt},grouped={int(grouped)}" + ("]" if aligned else ",unaligned]")
-                attrs = _attrs(fn, [*ptrs, "n", "a_col"]) if aligned else {}
-                yield name, fn, sig, consts, attrs, backend.MX_NUM_WARPS
+    # E4M3 + RCEIL (the defaults) for every dtype; the other FP8 format and scale rule are constexprs too
+    # (they pick the hardware cvt and the scale formula), compiled once each on bf16.
+    combos = [(dt, grouped, False, 1) for dt in _DTYPES for grouped in (False, True)]
+    combos += [("bf16", True, True, 1), ("bf16", False, False, 0)]
+    for dt, grouped, e5m2, scale_alg in combos:
+        sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
+               "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
+               "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
+               "a_col": "i32", "inv_max": "fp32", "emax": "i32", "mbits": "i32",
+               "bias": "i32", "max_code": "i32",
+               "GROUPED": "constexpr", "BLOCK_N": "constexpr", "GROUP_CHUNK": "constexpr",
+               "E5M2": "constexpr", "SCALE_ALG": "constexpr"}  # fmt: skip
+        consts = {k: None for k, v in sig.items() if v == "constexpr"}
+        ptrs = [k for k, v in sig.items() if v.startswith("*")]
+        variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
+        for aligned in (True, False) if (dt, grouped, variant) == ("bf16", True, "") else (True,):
+            name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}" + ("]" if aligned else ",unaligned]")
+            attrs = _attrs(fn, [*ptrs, "n", "a_col"]) if aligned else {}
+            # The launcher narrows the tile for tensors that are not 16-byte aligned.
+            block_n = backend.MX_BLOCK_N if aligned else min(backend.MX_BLOCK_N, backend.MX_BLOCK_N_UNALIGNED)
+            consts = {**consts, "GROUPED": grouped, "BLOCK_N": block_n, "GROUP_CHUNK": backend.MX_GROUP_CHUNK,
+                      "E5M2": e5m2, "SCALE_ALG": scale_alg}  # fmt: skip
+            yield name, fn, sig, consts, attrs, backend.MX_NUM_WARPS
 
 
 SPECS = {name: spec for name, *spec in (*_group_grad_specs(), *_mx_specs())}
@@ -110,7 +119,10 @@ def _compile(name: str, arch: int) -> dict:
         "stack": int(stack.group(1)), "num_warps": num_warps,
         # An FMA of the spec's math would be a non-flushing fp32 fma; libdevice's exp uses fma.rn.ftz only.
         "contracted_fma": len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
-        "approx_div": len(re.findall(r"\bdiv\.(?:full|approx)\.", ptx)),
+        "approx_div": len(re.findall(r"\b(?:div|rcp)\.(?:full|approx)\.", ptx)),
+        # The GPU paths (docs/triton_backend.md): rcp.rn in the sigmoid, hardware bf16 and FP8 conversions.
+        "rcp_rn": len(re.findall(r"\brcp\.rn\.f32\b", ptx)),
+        "cvt_fp8": len(re.findall(r"\bcvt\.rn\.satfinite\.e[45]m[23]x2\.f32\b", ptx)),
         "ftz_arith": len(re.findall(r"\b(?:mul|add|sub)\.\w+\.ftz\.f32\b", ptx)),
     }  # fmt: skip
 
@@ -145,6 +157,14 @@ def test_swiglu_math_is_not_contracted(compiled):
         (r["name"], r["arch"]) for r in compiled if r["contracted_fma"] or r["approx_div"] or r["ftz_arith"]
     ]
     assert not bad, f"fma / approximate division / ftz arithmetic in: {bad}"
+
+
+def test_gpu_conversion_paths_are_used(compiled):
+    """Every kernel divides with rcp.rn.f32; the quantizer encodes FP8 with the hardware satfinite cvt (the
+    integer encode is the interpreter's fallback only)."""
+    assert all(r["rcp_rn"] for r in compiled), [r["name"] for r in compiled if not r["rcp_rn"]]
+    no_cvt = [r["name"] for r in compiled if r["name"].startswith("bwd_mx") and not r["cvt_fp8"]]
+    assert not no_cvt, f"no hardware FP8 cvt in: {no_cvt}"
 
 
 def test_fma_check_can_fail():

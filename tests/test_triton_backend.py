@@ -142,6 +142,59 @@ def test_mx_quant_special_values(dtype):
         _check_mx(x.to(DEVICE), y_grad.to(DEVICE), scale_alg=scale_alg, dst_dtype=torch.float8_e5m2)
 
 
+def _mx_extreme_case(dtype, gen):
+    """Blocks that exercise every branch of the FP8 encode: NaN and inf blocks, subnormal results of the
+    scaled values (tiny elements next to a large one), exact ties, values that saturate under the floor
+    rule (amax mantissa above the format's max), signed zeros and fp32-subnormal gradients."""
+    m, n = 70, 320
+    x = _randn(m, 2 * n, dtype=dtype, scale=3.0, gen=gen).cpu()
+    dy = _randn(m, n, dtype=dtype, gen=gen).cpu()
+    x[0, 0] = torch.nan
+    x[33, 310] = torch.inf
+    x[40, 5] = -torch.inf
+    dy[2, :] = 1e-38 if dtype != torch.float16 else 1e-7  # subnormal gradients (scaled up by 2**127)
+    # One row mixing tiny and ordinary magnitudes (FP8 subnormals after scaling). A constant gate keeps exp
+    # (NumPy's here, torch's in the reference) away from the near-tie 16-bit roundings the contract allows.
+    x[3, :] = -1.0
+    dy[3, ::2] = 6e-5
+    dy[3, 1::2] = 1.0
+    dy[4, :] = 0.0
+    dy[5, :] = -0.0
+    x[6, :] = 10.0  # silu'(10) * 10 * dy: large, uniform magnitudes
+    dy[6, :] = torch.linspace(-8.0, 8.0, n)
+    # amax = 1.99 * 2**k: the floor rule keeps the exponent, so 1.99 * 2**8 > 448 saturates in E4M3.
+    dy[7, :] = 1.99
+    dy[8, :] = torch.tensor([1.0, 1.0625, 1.125, 1.1875]).repeat(n // 4)  # ties after scaling
+    return x.to(DEVICE), dy.to(DEVICE)
+
+
+@pytest.mark.parametrize("block_n", [32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mx_quant_tile_variants_extreme_values(monkeypatch, block_n, dtype):
+    """Every MX_BLOCK_N the benchmark tunes over, with NaN/inf/subnormal/saturating/tie inputs, both scale
+    rules and both FP8 formats, byte-exact against the reference (ragged and empty groups)."""
+    monkeypatch.setattr(triton_backend, "MX_BLOCK_N", block_n)
+    x, dy = _mx_extreme_case(dtype, torch.Generator().manual_seed(block_n))
+    gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
+    for scale_alg in (0, 1):
+        for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+            _check_mx(x, dy, gi, scale_alg=scale_alg, dst_dtype=fmt)
+    _check_mx(x, dy, activate_left=False)
+
+
+def test_mx_quant_unaligned_tensors_use_the_narrow_tile():
+    """Inputs at an address that is not 16-byte aligned: the launcher narrows the tile to
+    MX_BLOCK_N_UNALIGNED (the wide tile spills without vector loads); the result is unchanged."""
+    gen = torch.Generator().manual_seed(13)
+    m, c = 45, 256
+    x = _randn(m, c, dtype=torch.bfloat16, scale=3.0, gen=gen)
+    dy = _randn(m, c // 2, dtype=torch.bfloat16, gen=gen)
+    x_odd = torch.empty(m * c + 1, dtype=x.dtype, device=DEVICE)[1:].view(m, c)
+    x_odd.copy_(x)
+    assert x_odd.data_ptr() % 16 != 0
+    _check_mx(x_odd, dy, torch.tensor([20, 45], device=DEVICE))
+
+
 def test_mx_quant_batched():
     gen = torch.Generator().manual_seed(11)
     x = _randn(2, 3, 40, 128, dtype=torch.bfloat16, gen=gen)
@@ -270,6 +323,27 @@ def test_group_grad_weight_sum_tolerance_is_tight():
     w = torch.ones(rows, device=DEVICE)
     yo = (dy.cpu() * (1 + torch.rand(rows, hidden, generator=gen))).to(DEVICE)  # all products positive
     _check_group_grad(dy, x, w, yo)
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize(("rows_per_tile", "block_h"), [(4, 256), (2, 512), (1, 1024), (8, 256)])
+def test_group_grad_tile_variants(monkeypatch, prefetch, rows_per_tile, block_h):
+    """Every tile / prefetch setting the benchmark tunes over, on a hidden size that leaves a partial last
+    chunk (and a single-chunk one), with NaN/inf inputs, clamping, weight and a row mask."""
+    monkeypatch.setattr(triton_backend, "GROUP_GRAD_PREFETCH", prefetch)
+    monkeypatch.setattr(triton_backend, "GROUP_GRAD_ROWS", rows_per_tile)
+    monkeypatch.setattr(triton_backend, "GROUP_GRAD_BLOCK_H", block_h)
+    gen = torch.Generator().manual_seed(rows_per_tile * block_h)
+    for hidden in (block_h + 37, 40):
+        dy = _randn(11, hidden, dtype=torch.bfloat16, gen=gen).cpu()
+        x = _randn(11, 2 * hidden, dtype=torch.bfloat16, scale=4.0, gen=gen).cpu()
+        x[0, :4] = torch.tensor([torch.nan, torch.inf, -torch.inf, -90.0])  # -90: subnormal sigmoid
+        x[1, hidden : hidden + 3] = torch.tensor([torch.nan, torch.inf, -torch.inf])
+        w = torch.rand(11, generator=gen) + 0.5
+        yo = _randn(11, hidden, dtype=torch.bfloat16, gen=gen).cpu()
+        args = [t.to(DEVICE) for t in (dy, x, w, yo)]
+        _check_group_grad(*args, torch.tensor([7], device=DEVICE), clamp=2.0)
+        _check_group_grad(*args[:2])
 
 
 def test_group_grad_is_deterministic():

@@ -23,13 +23,20 @@ NAME = "triton"
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
 # swiglu_bwd_mx_quant: a tile is 32 rows x MX_BLOCK_N column pairs; group ends are scanned in chunks.
-MX_BLOCK_N = 64
+# 128 x 8 warps: each thread holds 2 rows x 8 columns per half, so the per-column scale math (replicated on
+# every thread of a column) is amortised over 2 rows at 123 registers (2 CTAs / SM); see docs.
+MX_BLOCK_N = 128
+# Tensors that are not 16-byte aligned (views at odd offsets) get no vector loads; Triton then spreads the
+# tile one element per thread and a 128-wide tile spills on sm_100, so they use at most this width.
+MX_BLOCK_N_UNALIGNED = 64
 MX_GROUP_CHUNK = 128
 MX_NUM_WARPS = 8
 # swiglu_group_grad: a tile is GROUP_GRAD_ROWS rows x GROUP_GRAD_BLOCK_H hidden columns (2048 elements).
 GROUP_GRAD_ROWS = 4
 GROUP_GRAD_BLOCK_H = 256
 GROUP_GRAD_NUM_WARPS = 4
+# Issue the loads of the next hidden chunk before the math of the current one (register double buffering).
+GROUP_GRAD_PREFETCH = True
 
 
 def is_available(device) -> tuple[bool, str]:
@@ -56,7 +63,7 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
         dy, x, weight, y_origin, valid_rows, grad_x, grad_weight,
         rows, hidden, clamp,
         HAS_WEIGHT=weight is not None, HAS_MASK=valid_rows is not None, ROWS=GROUP_GRAD_ROWS,
-        BLOCK_H=GROUP_GRAD_BLOCK_H,
+        BLOCK_H=GROUP_GRAD_BLOCK_H, PREFETCH=GROUP_GRAD_PREFETCH,
         num_warps=GROUP_GRAD_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
@@ -76,12 +83,17 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
     n = c // 2
     num_groups = None if group_ends is None else group_ends.numel()
     blocks = mx_blocks_per_slice(m, num_groups)
-    grid = (batch * blocks, triton.cdiv(n, MX_BLOCK_N))
+    if scale_alg not in (0, 1):
+        raise ValueError(f"scale_alg must be 0 or 1, got {scale_alg}")
+    aligned = all(t.data_ptr() % 16 == 0 for t in (x, dy, y1, s1, y2, s2))
+    block_n = MX_BLOCK_N if aligned else min(MX_BLOCK_N, MX_BLOCK_N_UNALIGNED)
+    grid = (batch * blocks, triton.cdiv(n, block_n))
     _kernels.swiglu_bwd_mx_quant_kernel[grid](
         x, dy, group_ends, y1, s1, y2, s2,
-        m, n, num_groups or 0, blocks, s2.shape[1], 0 if activate_left else n, scale_alg,
+        m, n, num_groups or 0, blocks, s2.shape[1], 0 if activate_left else n,
         fmt.inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
-        GROUPED=group_ends is not None, BLOCK_N=MX_BLOCK_N, GROUP_CHUNK=MX_GROUP_CHUNK,
+        GROUPED=group_ends is not None, BLOCK_N=block_n, GROUP_CHUNK=MX_GROUP_CHUNK, E5M2=fmt.mbits == 2,
+        SCALE_ALG=int(scale_alg),
         num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
