@@ -48,7 +48,7 @@ def _group_grad_specs():
                        "valid_ptr": "*i64" if has_mask else "constexpr", "gx_ptr": f"*{dt}",
                        "gw_ptr": "constexpr", "rows": "i32", "hidden": "i32", "clamp": "fp32", **opt,
                        "HAS_WEIGHT": "constexpr", "HAS_MASK": "constexpr", "ROWS": "constexpr",
-                       "BLOCK_H": "constexpr", "PREFETCH": "constexpr"}  # fmt: skip
+                       "BLOCK_H": "constexpr", "PREFETCH": "constexpr", "HW_CVT": "constexpr"}  # fmt: skip
                 consts = {k: None for k, v in sig.items() if v == "constexpr"}
                 consts.update(
                     HAS_WEIGHT=has_weight,
@@ -58,13 +58,14 @@ def _group_grad_specs():
                     PREFETCH=backend.GROUP_GRAD_PREFETCH,
                 )
                 ptrs = [k for k, v in sig.items() if v.startswith("*")]
-                for aligned in (
-                    (True, False) if (dt, has_weight, has_mask) == ("bf16", True, True) else (True,)
+                bf16_full = (dt, has_weight, has_mask) == ("bf16", True, True)
+                for aligned, hw in (
+                    ((True, False), (False, False), (True, True)) if bf16_full else ((True, False),)
                 ):
                     name = f"group_grad[{dt},w={int(has_weight)},mask={int(has_mask)}"
-                    name += "]" if aligned else ",unaligned]"
+                    name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
                     attrs = _attrs(fn, [*ptrs, "hidden"]) if aligned else {}
-                    yield name, fn, sig, consts, attrs, backend.GROUP_GRAD_NUM_WARPS
+                    yield name, fn, sig, {**consts, "HW_CVT": hw}, attrs, backend.GROUP_GRAD_NUM_WARPS
 
 
 def _mx_specs():
@@ -80,17 +81,23 @@ def _mx_specs():
                "a_col": "i32", "inv_max": "fp32", "emax": "i32", "mbits": "i32",
                "bias": "i32", "max_code": "i32",
                "GROUPED": "constexpr", "BLOCK_N": "constexpr", "GROUP_CHUNK": "constexpr",
-               "E5M2": "constexpr", "SCALE_ALG": "constexpr"}  # fmt: skip
+               "E5M2": "constexpr", "SCALE_ALG": "constexpr", "HW_CVT": "constexpr"}  # fmt: skip
         consts = {k: None for k, v in sig.items() if v == "constexpr"}
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
-        for aligned in (True, False) if (dt, grouped, variant) == ("bf16", True, "") else (True,):
-            name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}" + ("]" if aligned else ",unaligned]")
+        # The integer conversions (the default) everywhere; the opt-in hardware conversions (HW_CVT) on the
+        # aligned bf16 variants.
+        cases = [(True, False), (True, True)] if dt == "bf16" else [(True, False)]
+        if (dt, grouped, variant) == ("bf16", True, ""):
+            cases.append((False, False))
+        for aligned, hw in cases:
+            name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
+            name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n", "a_col"]) if aligned else {}
             # The launcher narrows the tile for tensors that are not 16-byte aligned.
             block_n = backend.MX_BLOCK_N if aligned else min(backend.MX_BLOCK_N, backend.MX_BLOCK_N_UNALIGNED)
             consts = {**consts, "GROUPED": grouped, "BLOCK_N": block_n, "GROUP_CHUNK": backend.MX_GROUP_CHUNK,
-                      "E5M2": e5m2, "SCALE_ALG": scale_alg}  # fmt: skip
+                      "E5M2": e5m2, "SCALE_ALG": scale_alg, "HW_CVT": hw}  # fmt: skip
             yield name, fn, sig, consts, attrs, backend.MX_NUM_WARPS
 
 
@@ -159,12 +166,16 @@ def test_swiglu_math_is_not_contracted(compiled):
     assert not bad, f"fma / approximate division / ftz arithmetic in: {bad}"
 
 
-def test_gpu_conversion_paths_are_used(compiled):
-    """Every kernel divides with rcp.rn.f32; the quantizer encodes FP8 with the hardware satfinite cvt (the
-    integer encode is the interpreter's fallback only)."""
-    assert all(r["rcp_rn"] for r in compiled), [r["name"] for r in compiled if not r["rcp_rn"]]
-    no_cvt = [r["name"] for r in compiled if r["name"].startswith("bwd_mx") and not r["cvt_fp8"]]
+def test_conversion_paths_follow_hw_cvt(compiled):
+    """With HW_CVT (opt-in) every kernel divides with rcp.rn.f32 and the quantizer encodes FP8 with the
+    hardware satfinite cvt; without it (the default) neither instruction appears: the integer paths run."""
+    hw = [r for r in compiled if "hw_cvt" in r["name"]]
+    assert {r["name"].split("[")[0] for r in hw} == {"group_grad", "bwd_mx_quant"}
+    assert all(r["rcp_rn"] for r in hw), [r["name"] for r in hw if not r["rcp_rn"]]
+    no_cvt = [r["name"] for r in hw if r["name"].startswith("bwd_mx") and not r["cvt_fp8"]]
     assert not no_cvt, f"no hardware FP8 cvt in: {no_cvt}"
+    default = [r for r in compiled if "hw_cvt" not in r["name"]]
+    assert not [r["name"] for r in default if r["rcp_rn"] or r["cvt_fp8"]]
 
 
 def test_fma_check_can_fail():

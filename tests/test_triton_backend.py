@@ -364,3 +364,13 @@ def test_availability_contract():
     assert not ok and "meta" in why
     if not HAS_CUDA and IN_PROCESS:
         assert _api.resolve_backend("triton", torch.device("cpu")) is triton_backend
+
+
+def test_hw_conversions_are_opt_in_and_never_used_by_the_interpreter(monkeypatch):
+    """The PTX conversion path (swiglu_ops.triton.HW_CONVERSIONS) is off unless asked for, and the
+    interpreter, which has no inline asm, always runs the integer transcriptions."""
+    assert triton_backend.HW_CONVERSIONS is (os.environ.get("SWIGLU_OPS_TRITON_HW_CVT") == "1")
+    monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
+    assert triton_backend._hw_cvt() is (DEVICE.type == "cuda")
+    monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", False)
+    assert triton_backend._hw_cvt() is False

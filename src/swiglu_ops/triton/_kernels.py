@@ -30,10 +30,10 @@ from triton.language.extra import libdevice
 #: when ``@triton.jit`` runs); libdevice has no interpreter implementation.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _LIBDEVICE_EXP = tl.constexpr(not INTERPRETED)
-#: On the GPU, the correctly rounded conversions are single PTX instructions (``rcp.rn.f32``,
-#: ``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.e4m3x2.f32``). The interpreter has no inline asm and its
-#: fp32->bf16 cast truncates, so it runs the integer transcriptions of the same rules.
-_HW_CVT = tl.constexpr(not INTERPRETED)
+# ``HW_CVT`` (a launch-time constexpr, ``swiglu_ops.triton.HW_CONVERSIONS``): on the GPU, the correctly
+# rounded conversions as single PTX instructions (``rcp.rn.f32``, ``cvt.rn.bf16x2.f32``,
+# ``cvt.rn.satfinite.e4m3x2.f32``) instead of their integer transcriptions. The interpreter has no inline
+# asm and its fp32->bf16 cast truncates, so it always runs the integer transcriptions.
 
 #: Rows of one column-wise MX block (and of the dual-axis tile).
 MX_BLOCK = tl.constexpr(32)
@@ -51,7 +51,7 @@ def _exp(v):
 
 
 @triton.jit
-def _recip_rn(v):
+def _recip_rn(v, HW_CVT: tl.constexpr):
     """``1 / v`` correctly rounded (IEEE round-to-nearest-even), the value of ``div_rn(1, v)``.
 
     GPU: ``rcp.rn.f32`` (no ftz: subnormal results, 0, inf and NaN as IEEE). ptxas expands it to
@@ -60,7 +60,7 @@ def _recip_rn(v):
     hand-written fast path with a predicated ``rcp.rn`` fallback compiled to more instructions: ptxas
     keeps its whole expansion.) Interpreter: ``div_rn``, the same correctly rounded value.
     """
-    if _HW_CVT:
+    if HW_CVT:
         return tl.inline_asm_elementwise(
             "rcp.rn.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1
         )
@@ -69,9 +69,9 @@ def _recip_rn(v):
 
 
 @triton.jit
-def _sigmoid(v):
+def _sigmoid(v, HW_CVT: tl.constexpr):
     """``1 / (1 + exp(-v))`` with an IEEE (correctly rounded) division."""
-    return _recip_rn(1.0 + _exp(-v))
+    return _recip_rn(1.0 + _exp(-v), HW_CVT)
 
 
 @triton.jit
@@ -95,30 +95,30 @@ def _bf16_bits_rne(v):
 
 
 @triton.jit
-def _to_bf16(v):
+def _to_bf16(v, HW_CVT: tl.constexpr):
     """fp32 -> bf16, round-to-nearest-even, overflow -> inf. On the GPU one ``cvt.rn.bf16x2.f32`` per two
     elements (NaN -> the canonical NaN 0x7FFF; the contract compares NaN positions, not payloads); in the
     interpreter the integer rounding (NaN -> 0x7FC0 with its sign)."""
-    if _HW_CVT:
+    if HW_CVT:
         return v.to(tl.bfloat16, fp_downcast_rounding="rtne")
     else:
         return _bf16_bits_rne(v).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
-def _store_grad(ptr, v, mask, OUT_DTYPE: tl.constexpr):
+def _store_grad(ptr, v, mask, OUT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
     """Store fp32 ``v`` rounded (RNE, no saturation) to the output dtype."""
     if OUT_DTYPE == tl.bfloat16:
-        tl.store(ptr, _to_bf16(v), mask=mask)
+        tl.store(ptr, _to_bf16(v, HW_CVT), mask=mask)
     else:
         tl.store(ptr, v.to(OUT_DTYPE), mask=mask)
 
 
 @triton.jit
-def _round_to_dtype(v, DTYPE: tl.constexpr):
+def _round_to_dtype(v, DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
     """fp32 ``v`` rounded to ``DTYPE`` (RNE, no saturation) and widened back to fp32 (exactly)."""
     if DTYPE == tl.bfloat16:
-        return _widen(_to_bf16(v))
+        return _widen(_to_bf16(v, HW_CVT))
     elif DTYPE == tl.float16:
         return v.to(tl.float16).to(tl.float32)
     else:
@@ -172,7 +172,7 @@ def _fp8_code_int(v, mbits, bias, max_code):
 
 
 @triton.jit
-def _fp8_codes(v, recip, nonfinite, mbits, bias, max_code, E5M2: tl.constexpr):
+def _fp8_codes(v, recip, nonfinite, mbits, bias, max_code, E5M2: tl.constexpr, HW_CVT: tl.constexpr):
     """FP8 codes (uint8) of ``v * recip``, the element rule of ``mx.quantize_blocks``: ``mx.fp8_encode`` of
     the exact product, and 0x00 for every element of a NaN/inf block (``nonfinite``, where recip is NaN).
 
@@ -185,7 +185,7 @@ def _fp8_codes(v, recip, nonfinite, mbits, bias, max_code, E5M2: tl.constexpr):
     transcription of ``mx.fp8_encode``.
     """
     q = tl.where(nonfinite, 0.0, v * recip)
-    if _HW_CVT:
+    if HW_CVT:
         if E5M2:
             return tl.inline_asm_elementwise(
                 "{ .reg .b16 lo, hi;\n"
@@ -239,7 +239,7 @@ def swiglu_group_grad_kernel(
     dy_ptr, x_ptr, w_ptr, yo_ptr, valid_ptr, gx_ptr, gw_ptr,
     rows, hidden, clamp,
     HAS_WEIGHT: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """grad_x (and grad_weight) of ``ROWS`` rows, streaming over the hidden dim in ``BLOCK_H`` chunks.
 
@@ -287,7 +287,7 @@ def swiglu_group_grad_kernel(
         # NaN-propagating min/max against [lo, hi] (+-inf without clamp): one min.NaN/max.NaN each on sm_80+.
         g = tl.minimum(g, hi, propagate_nan=tl.PropagateNan.ALL)
         u = tl.clamp(u, -hi, hi, propagate_nan=tl.PropagateNan.ALL)
-        s = _sigmoid(g)
+        s = _sigmoid(g, HW_CVT)
         f = tl.where(g == float("-inf"), 0.0, g * s)
         # g = -inf: s = 1/(1 + inf) = +0 and f = 0, so sp = (0 + 0) - 0 = +0 already; only +inf needs a fix.
         sp = tl.where(g == float("inf"), 1.0, (s + f) - (f * s))
@@ -301,8 +301,8 @@ def swiglu_group_grad_kernel(
         if HAS_MASK:
             dg = dg * m_r
             du = du * m_r
-        _store_grad(gx_ptr + x_offs, dg, mask, gx_ptr.dtype.element_ty)
-        _store_grad(gx_ptr + x_offs + hidden, du, mask, gx_ptr.dtype.element_ty)
+        _store_grad(gx_ptr + x_offs, dg, mask, gx_ptr.dtype.element_ty, HW_CVT)
+        _store_grad(gx_ptr + x_offs + hidden, du, mask, gx_ptr.dtype.element_ty, HW_CVT)
         if HAS_WEIGHT:
             gw += tl.sum(dy * _widen(raw_yo), axis=1)
     if HAS_WEIGHT:
@@ -362,7 +362,7 @@ def swiglu_bwd_mx_quant_kernel(
     x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, a_col, inv_max, emax, mbits, bias, max_code,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, E5M2: tl.constexpr,
-    SCALE_ALG: tl.constexpr,
+    SCALE_ALG: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """One 32-row block x ``BLOCK_N`` column pairs (A and B halves) of one batch slice.
 
@@ -411,7 +411,7 @@ def swiglu_bwd_mx_quant_kernel(
     g = _widen(tl.load(dy_ptr + row3 * n + j, mask=load_ok, other=0.0))
     # Stage 1 (spec 2.2), fp32, kernel order. Each half is computed right before it is quantised, so only one
     # fp32 gradient tile is live at a time.
-    s = _sigmoid(a)
+    s = _sigmoid(a, HW_CVT)
     # mxscale2 [B, R, C, 2]: block t of the segment -> row base + t // 2, slot t % 2.
     s2_off = ((batch.to(tl.int64) * s2_rows + base + t // 2) * c + j) * 2 + t % 2  # [1, NB, 32]
     for half in tl.static_range(2):
@@ -422,19 +422,23 @@ def swiglu_bwd_mx_quant_kernel(
         else:
             grad = (s * g) * a
             col = b_col
-        v = _round_to_dtype(grad, DTYPE)
+        v = _round_to_dtype(grad, DTYPE, HW_CVT)
         # |v| as fp32 bits: they order like the magnitudes (NaN above inf), and the exact widening of a 16-bit
         # value is monotonic, so their integer max is the widened 16-bit amax of the spec.
         mag = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         # -1 axis: 32 consecutive columns of one row.
         code1, recip1 = _scale_code(tl.max(mag, axis=2), inv_max, emax, SCALE_ALG)
-        y1 = _fp8_codes(v, recip1[:, :, None], (code1 == 0xFF)[:, :, None], mbits, bias, max_code, E5M2)
+        y1 = _fp8_codes(
+            v, recip1[:, :, None], (code1 == 0xFF)[:, :, None], mbits, bias, max_code, E5M2, HW_CVT
+        )
         tl.store(y1_ptr + row3 * c + col + j, y1, mask=store_ok)
         tl.store(
             s1_ptr + row * (c // MX_BLOCK) + col // MX_BLOCK + blk, code1.to(tl.uint8), mask=rows_ok & blk_ok
         )
         # -2 axis: 32 rows of one column (rows past the block end were loaded as zeros = the padding).
         code2, recip2 = _scale_code(tl.max(mag, axis=0), inv_max, emax, SCALE_ALG)
-        y2 = _fp8_codes(v, recip2[None, :, :], (code2 == 0xFF)[None, :, :], mbits, bias, max_code, E5M2)
+        y2 = _fp8_codes(
+            v, recip2[None, :, :], (code2 == 0xFF)[None, :, :], mbits, bias, max_code, E5M2, HW_CVT
+        )
         tl.store(y2_ptr + row3 * c + col + j, y2, mask=store_ok)
         tl.store(s2_ptr + s2_off + 2 * col, code2[None, :, :].to(tl.uint8), mask=j < scale2_cols)
