@@ -273,7 +273,7 @@ TUNE_GG = [
 ]  # fmt: skip
 TUNE_MX = [
     dict(MX_BLOCK_N=b, MX_NUM_WARPS=w, HW_CONVERSIONS=hw)
-    for hw, (b, w) in [(False, t) for t in ((128, 8), (64, 8), (32, 4))]
+    for hw, (b, w) in [(False, t) for t in ((64, 8), (32, 4), (128, 8))]
     + [(True, t) for t in ((128, 8), (64, 8), (32, 4), (64, 4), (128, 4), (256, 8), (32, 2))]
 ]
 

@@ -32,9 +32,10 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 HW_CONVERSIONS = os.environ.get("SWIGLU_OPS_TRITON_HW_CVT", "0") == "1"
 
 # swiglu_bwd_mx_quant: a tile is 32 rows x MX_BLOCK_N column pairs; group ends are scanned in chunks.
-# 128 x 8 warps: each thread holds 2 rows x 8 columns per half, so the per-column scale math (replicated on
-# every thread of a column) is amortised over 2 rows at 123 registers (2 CTAs / SM); see docs.
-MX_BLOCK_N = 128
+# 64 x 8 warps with the integer conversions: of the tiles measured on an H200 (64 x 8, 32 x 4, 128 x 8, ...),
+# 64 and 32 pairs were fastest and 128 pairs 20-80 % slower. With HW_CONVERSIONS, the static analysis
+# favours 128 x 8 (2 rows x 8 columns per thread amortise the per-column scale math; docs/triton_backend.md).
+MX_BLOCK_N = 64
 # Tensors that are not 16-byte aligned (views at odd offsets) get no vector loads; Triton then spreads the
 # tile one element per thread and a 128-wide tile spills on sm_100, so they use at most this width.
 MX_BLOCK_N_UNALIGNED = 64
