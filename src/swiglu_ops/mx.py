@@ -59,10 +59,15 @@ class FP8Format:
     def min_normal_exp(self) -> int:
         return 1 - self.bias
 
+    def __post_init__(self):
+        # Decoded once here, not in the property: torch.compile traces the reference through `inv_max`,
+        # and Dynamo's `struct.pack` polyfill recurses without end (torch 2.13).
+        object.__setattr__(self, "_inv_max", struct.unpack("<f", struct.pack("<I", self.inv_max_bits))[0])
+
     @property
     def inv_max(self) -> float:
         """``fp32(1 / max_value)`` exactly (the value of ``inv_max_bits``), the RCEIL multiplier."""
-        return struct.unpack("<f", struct.pack("<I", self.inv_max_bits))[0]
+        return self._inv_max
 
 
 E4M3FN = FP8Format("e4m3fn", torch.float8_e4m3fn, 4, 3, 7, 0x7E, 448.0, 8, 0x3B124925)
