@@ -358,6 +358,24 @@ def test_benchmark_quick_mode_writes_results(tmp_path, capsys):
     assert (tmp_path / "bench_cpu.csv").read_text().count("\n") == len(results) + 1
 
 
+def test_benchmark_reports_a_failing_compiled_baseline_instead_of_aborting(monkeypatch):
+    """Inductor's C++ build can fail (a gcc internal error was seen on the grouped mx case): the row keeps
+    the op's numbers and says why the baseline is missing."""
+    from swiglu_ops import bench
+
+    def broken(*args):
+        raise RuntimeError("C++ compile error\nmore detail")
+
+    monkeypatch.setattr(bench, "_compiled_reference", lambda op: broken)
+    case = bench.Case("swiglu_bwd_mx_quant", 64, 256, torch.bfloat16, groups=2)
+    result = bench.run_case(case, repeats=1, compile_reference=True, gen=torch.Generator().manual_seed(0))
+    assert result.compiled_ms is None and result.speedup_vs_compiled is None
+    assert result.compiled_error == "RuntimeError: C++ compile error" and result.fused_ms > 0
+    assert "compiled reference failed for swiglu_bwd_mx_quant 64x256 bfloat16 G=2" in bench.format_table(
+        [result]
+    )
+
+
 # ------------------------------------------------------------------------------------ output cache
 
 

@@ -180,3 +180,11 @@ def test_special_values(backend, dtype, value, dst, scale_alg, scale, code):
     assert (int(s1[0, 0, 0]), int(y1[0, 0])) == (scale, code)
     assert (int(s2[0, 0, 0]), int(y2[0, 0])) == (scale, code)
     assert_mx_matches(got, expected_mx(grad, dst_dtype=dst, scale_alg=scale_alg), backend)
+
+
+def test_format_constants_trace_under_torch_compile():
+    """torch.compile traces the reference through FP8Format.inv_max; decoding the bits inside the traced
+    property sent Dynamo's struct.pack polyfill into endless recursion."""
+    t = torch.tensor([448.0, 1.0])
+    f = torch.compile(lambda v: v * mx.E4M3FN.inv_max + mx.E5M2.inv_max, fullgraph=True, backend="eager")
+    assert torch.equal(f(t), t * mx.E4M3FN.inv_max + mx.E5M2.inv_max)

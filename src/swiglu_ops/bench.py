@@ -73,6 +73,7 @@ class Result:
     fused_out_ms: float
     eager_ms: float
     compiled_ms: float | None
+    compiled_error: str = ""  # why the compiled baseline is missing (e.g. the C++ compiler failed)
     pct_roofline: float = field(init=False)
     pct_roofline_out: float = field(init=False)
     speedup_vs_compiled: float | None = field(init=False)
@@ -182,11 +183,15 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
     slow_repeats = max(1, repeats // 3)
     _progress(f"{case.name}: reference eager")
     eager_ms = _time_ms(lambda: _call(case.op, args, "reference"), slow_repeats)
-    compiled_ms = None
+    compiled_ms, compiled_error = None, ""
     if compile_reference:
         _progress(f"{case.name}: reference under torch.compile (compiling...)")
         fn = _compiled_reference(case.op)
-        compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats)
+        try:
+            compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats)
+        except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
+            compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+            _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
     return Result(
         case.op,
         case.rows,
@@ -200,6 +205,7 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
         fused_out_ms,
         eager_ms,
         compiled_ms,
+        compiled_error,
     )
 
 
@@ -272,6 +278,12 @@ def format_table(results: list[Result]) -> str:
         "times in ms (median); %roof = copy time / op time; x comp / x eager = speedup of the "
         "fused op as called"
     )
+    for r in results:
+        if r.compiled_error:
+            g = f" G={r.groups}" if r.groups else ""
+            lines.append(
+                f"compiled reference failed for {r.op} {r.rows}x{r.cols} {r.dtype}{g}: {r.compiled_error}"
+            )
     return "\n".join(lines)
 
 
