@@ -183,8 +183,14 @@ def test_special_values(backend, dtype, value, dst, scale_alg, scale, code):
 
 
 def test_format_constants_trace_under_torch_compile():
-    """torch.compile traces the reference through FP8Format.inv_max; decoding the bits inside the traced
-    property sent Dynamo's struct.pack polyfill into endless recursion."""
+    """torch.compile traces the reference through FP8Format.inv_max (the format is an argument there);
+    decoding the bits inside the traced property sent Dynamo's struct.pack polyfill into endless
+    recursion."""
+
+    def scale(v, fmt):
+        return v * torch.tensor(fmt.inv_max, dtype=torch.float32)
+
     t = torch.tensor([448.0, 1.0])
-    f = torch.compile(lambda v: v * mx.E4M3FN.inv_max + mx.E5M2.inv_max, fullgraph=True, backend="eager")
-    assert torch.equal(f(t), t * mx.E4M3FN.inv_max + mx.E5M2.inv_max)
+    f = torch.compile(scale, fullgraph=True, backend="eager", dynamic=True)
+    for fmt in (mx.E4M3FN, mx.E5M2):
+        assert torch.equal(f(t, fmt), scale(t, fmt))
