@@ -61,8 +61,8 @@ class OutputCache:
     finalizer on a per-tensor array object) when the tensor and all its views are gone, and keeps the
     buffer for the next request of the same size, already mapped. At most ``max_bytes`` of *free* buffers
     are kept (oldest dropped first); buffers in use are never counted or touched. Small requests go to
-    ``torch.empty``. Tensors from the cache are ordinary CPU tensors, except that their storage cannot be
-    resized (``resize_`` raises), like any tensor made by ``torch.from_numpy``.
+    ``torch.empty``. Tensors from the cache are ordinary CPU tensors (``share_memory_`` and pickling work),
+    except that their storage cannot grow (``resize_`` beyond it raises), as with ``torch.from_numpy``.
     """
 
     def __init__(self, max_bytes: int, min_bytes: int = _MIN_BYTES):
