@@ -92,24 +92,28 @@ def test_exp_within_one_ulp_of_torch_over_the_fp32_range():
     assert ulp.max() <= 1, f"exp differs by {ulp.max()} ulp at x = {x[finite][ulp.argmax()]!r}"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_widen_is_exact_for_every_16_bit_pattern(dtype):
+# fp16 twice: the hardware conversions (where the CPU has them, nx.HW_HALF) and the integer fallback.
+_KINDS_16 = [(torch.bfloat16, nx.BF16), (torch.float16, nx.FP16), (torch.float16, nx.FP16_SOFT)]
+
+
+@pytest.mark.parametrize(("dtype", "kind"), _KINDS_16, ids=["bf16", "fp16", "fp16-soft"])
+def test_widen_is_exact_for_every_16_bit_pattern(dtype, kind):
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     out = np.empty(bits.shape, np.float32)
-    _apply_widen(bits, nx.BF16 if dtype == torch.bfloat16 else nx.FP16, out)
+    _apply_widen(bits, kind, out)
     expected = torch.from_numpy(bits.copy()).view(dtype).float()
     assert_exact(torch.from_numpy(out), expected, f"widen {dtype}")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_narrow_matches_torch_rounding(dtype):
+@pytest.mark.parametrize(("dtype", "kind"), _KINDS_16, ids=["bf16", "fp16", "fp16-soft"])
+def test_narrow_matches_torch_rounding(dtype, kind):
     rng = np.random.default_rng(0)
     ties = (rng.integers(0, 1 << 16, 20_000, dtype=np.uint32) << 16) | (1 << 15)  # bf16 ties
     fp16_edges = np.array([65504, 65519.996, 65520, 65536, 2.0**-24, 2.0**-25, 3 * 2.0**-26], np.float32)
     values = np.concatenate([_fp32_bit_sample(4099), ties.astype(np.uint32)]).view(np.float32)
     values = np.concatenate([values, fp16_edges, -fp16_edges])
     out = np.empty(values.shape, np.uint32)
-    _apply_narrow(values, nx.BF16 if dtype == torch.bfloat16 else nx.FP16, out)
+    _apply_narrow(values, kind, out)
     actual = torch.from_numpy(out.astype(np.uint16)).view(dtype)
     assert_exact(actual, torch.from_numpy(values).to(dtype), f"narrow to {dtype}")
 

@@ -16,14 +16,27 @@ depend on data, so a loop over elements compiles to SIMD code. Conversions work 
 from __future__ import annotations
 
 import hashlib
+import platform
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
 BF16, FP16, FP32 = 0, 1, 2
+#: fp16 through the integer transcriptions even where hardware conversions exist (the tests keep that
+#: fallback checked on every machine).
+FP16_SOFT = 3
+
+#: fp16 <-> fp32 conversions in hardware (``fpext``/``fptrunc half``) where the CPU has them: F16C on
+#: x86-64, always on AArch64. They round like ``Tensor.to`` (RNE, overflow to inf, subnormals kept) and
+#: differ from the integer transcriptions below only in NaN payloads. Without them LLVM would call a
+#: soft-float helper, so the integer path stays as the fallback.
+HW_HALF = (
+    platform.machine().lower() in ("aarch64", "arm64") or "+f16c" in llvm.get_host_cpu_features().flatten()
+)
 
 #: A hash of this package's sources. Every kernel captures it as a closure constant, and Numba's on-disk
 #: cache key includes closure constants: editing a helper here (inlined into the kernels) therefore
@@ -68,6 +81,36 @@ def fma_f32(typingctx, a, b, c):
 
 
 @intrinsic
+def f32_from_f16_bits(typingctx, bits):
+    """fp32 value of the fp16 bit pattern in the low 16 bits of an integer (``fpext half``: F16C's
+    ``vcvtph2ps`` on x86-64, ``fcvt`` on AArch64). Exact; NaNs come out quiet."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        (value,) = args
+        if bits.bitwidth > 16:
+            value = builder.trunc(value, ir.IntType(16))
+        return builder.fpext(builder.bitcast(value, ir.HalfType()), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def f16_bits_from_f32(typingctx, value):
+    """fp16 bit pattern (as ``uint32``) of fp32 ``value`` rounded to nearest even (``fptrunc``: F16C's
+    ``vcvtps2ph`` / AArch64 ``fcvt``): overflow to inf, subnormals kept, NaN stays a (quiet) NaN."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        half = builder.fptrunc(args[0], ir.HalfType())
+        return builder.zext(builder.bitcast(half, ir.IntType(16)), ir.IntType(32))
+
+    return types.uint32(value), codegen
+
+
+@intrinsic
 def bits_from_f32(typingctx, value):
     """Reinterpret an fp32 as ``uint32``."""
     if value != types.float32:
@@ -90,6 +133,8 @@ def widen(bits, kind):
         return f32_from_bits(b)
     if kind == BF16:
         return f32_from_bits(_U32(b << _U32(16)))
+    if kind == FP16 and HW_HALF:
+        return f32_from_f16_bits(b)
     # fp16: move exponent and mantissa into place and rebias; inf/NaN get the top exponent, subnormals are
     # renormalised with one exact fp32 subtraction (2**-14 * (1 + m/1024) - 2**-14 = m * 2**-24).
     o = _U32((b & _U32(0x7FFF)) << _U32(13))
@@ -113,6 +158,8 @@ def narrow(value, kind):
     if kind == BF16:
         r = _U32(_U32(u + _U32(0x7FFF) + ((u >> _U32(16)) & _U32(1))) >> _U32(16))
         return _U32(0x7FC0) if a > _U32(0x7F800000) else r
+    if kind == FP16 and HW_HALF:
+        return f16_bits_from_f32(value)
     sign = (u >> _U32(16)) & _U32(0x8000)
     if a >= _U32(0x47800000):  # >= 65536 (or inf/NaN): inf, NaN -> quiet NaN
         h = _U32(0x7E00) if a > _U32(0x7F800000) else _U32(0x7C00)
