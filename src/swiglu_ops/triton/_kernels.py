@@ -171,6 +171,24 @@ def _fp8_code_int(v, mbits, bias, max_code):
     return tl.where(a > 0x7F800000, 0, code | sign)
 
 
+def _cvt_fp8x4_asm(fmt: str) -> tl.constexpr:
+    """PTX converting four fp32 values ($1..$4) to FP8 codes packed into one 32-bit register ($0), value
+    $1 in the lowest byte: each ``cvt ... d, a, b`` puts ``a`` in the upper and ``b`` in the lower byte, and
+    ``mov.b32 $0, {lo, hi}`` puts ``lo`` in the lower half."""
+    cvt = f"cvt.rn.satfinite.{fmt}x2.f32"
+    body = f"{cvt} lo, $2, $1;\n{cvt} hi, $4, $3;\nmov.b32 $0, {{lo, hi}};"
+    return tl.constexpr("{ .reg .b16 lo, hi;\n" + body + " }")
+
+
+_CVT_E4M3X4 = _cvt_fp8x4_asm("e4m3")
+_CVT_E5M2X4 = _cvt_fp8x4_asm("e5m2")
+
+
+@triton.jit
+def _cvt_fp8x4(q, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,r,r,r,r", [q], dtype=tl.uint8, is_pure=True, pack=4)
+
+
 @triton.jit
 def _fp8_codes(v, recip, nonfinite, mbits, bias, max_code, E5M2: tl.constexpr, HW_CVT: tl.constexpr):
     """FP8 codes (uint8) of ``v * recip``, the element rule of ``mx.quantize_blocks``: ``mx.fp8_encode`` of
@@ -187,21 +205,9 @@ def _fp8_codes(v, recip, nonfinite, mbits, bias, max_code, E5M2: tl.constexpr, H
     q = tl.where(nonfinite, 0.0, v * recip)
     if HW_CVT:
         if E5M2:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b16 lo, hi;\n"
-                "cvt.rn.satfinite.e5m2x2.f32 lo, $2, $1;\n"
-                "cvt.rn.satfinite.e5m2x2.f32 hi, $4, $3;\n"
-                "mov.b32 $0, {lo, hi}; }",
-                "=r,r,r,r,r", [q], dtype=tl.uint8, is_pure=True, pack=4,
-            )  # fmt: skip
+            return _cvt_fp8x4(q, _CVT_E5M2X4)
         else:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b16 lo, hi;\n"
-                "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
-                "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
-                "mov.b32 $0, {lo, hi}; }",
-                "=r,r,r,r,r", [q], dtype=tl.uint8, is_pure=True, pack=4,
-            )  # fmt: skip
+            return _cvt_fp8x4(q, _CVT_E4M3X4)
     else:
         return _fp8_code_int(q, mbits, bias, max_code).to(tl.uint8)
 
