@@ -1,11 +1,13 @@
 """Scalar numerics shared by the CPU kernels, written so that LLVM vectorises the loops that call them.
 
-Everything is plain fp32 / 32-bit integer arithmetic with selects, no libm calls and no branches that
-depend on data, so a loop over elements compiles to SIMD code. Conversions work on the IEEE bit patterns:
+Everything is fp32 / 32-bit integer arithmetic with selects (plus LLVM's ``fma`` and ``fpext``/``fptrunc
+half``, which vectorise to single instructions), no libm calls and no branches that depend on data, so a
+loop over elements compiles to SIMD code. Conversions work on the IEEE bit patterns:
 
 - 16-bit storage (bf16, fp16) is passed as ``uint16`` arrays and fp32 as ``uint32`` arrays; ``kind``
   (``BF16``/``FP16``/``FP32``) says how to read and write them. Narrowing is round-to-nearest-even with
-  overflow to inf, exactly like ``torch.Tensor.to`` (bf16 NaN becomes PyTorch's canonical 0x7FC0).
+  overflow to inf, exactly like ``torch.Tensor.to`` (bf16 NaN becomes PyTorch's canonical 0x7FC0). fp16
+  uses the CPU's conversion instructions where it has them (:data:`HW_HALF`), else integer arithmetic.
 - :func:`exp_f32` is a Cody-Waite range reduction plus a degree-6 polynomial evaluated with fused
   multiply-adds, within ~1 ulp of ``torch.exp`` over the whole fp32 range (checked in
   ``tests/test_cpu_backend.py``).
