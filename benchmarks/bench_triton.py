@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 import swiglu_ops
+from swiglu_ops.tolerances import unit_differences
 
 # The contract's comparison rules (spec README section 3) live with the tests; the check reuses them.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -47,13 +48,6 @@ BACKEND = "triton"
 
 def _log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f} s] {msg}", flush=True)
-
-
-def _near_ties(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
-    """(differing elements, worst difference in units) of two same-dtype tensors, for the log."""
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
-    diff = (got.view(view).to(torch.int64) - want.view(view).to(torch.int64)).abs()
-    return int((diff != 0).sum()), int(diff.max()) if diff.numel() else 0
 
 
 def _cpu(ts):
@@ -134,7 +128,7 @@ def _compare_gg(args, quiet=False) -> bool:
         ),
     )
     if not quiet:
-        count, worst = _near_ties(got[0], want[0])
+        count, worst = unit_differences(got[0], want[0])
         _log(f"  {what}: grad_x {count} differ (max {worst} units) -> {'ok' if ok else 'FAIL'}")
     return ok
 
@@ -146,7 +140,9 @@ def _compare_mx(args, quiet=False, **kw) -> bool:
     what = f"mx {tuple(args[0].shape)} {args[0].dtype} {kw or ''} groups={groups}"
     ok = _verdict(what, lambda: _compare.assert_mx_matches(_cpu(got), _cpu(want), BACKEND))
     if not quiet:
-        counts = ", ".join(f"{n} {_near_ties(a, b)[0]}" for n, a, b in zip(MX_NAMES, got, want, strict=True))
+        counts = ", ".join(
+            f"{n} {unit_differences(a, b)[0]}" for n, a, b in zip(MX_NAMES, got, want, strict=True)
+        )
         _log(f"  {what}: differ {counts} -> {'ok' if ok else 'FAIL'}")
     return ok
 

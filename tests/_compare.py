@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import torch
 
-#: Contract section 3: "at most 1 in 10,000 elements".
-NEAR_TIE_RATE = 10_000
-FP32_ULPS = 4
-GRAD_WEIGHT_RTOL = 1e-5
+from swiglu_ops.tolerances import FP32_ULPS, GRAD_WEIGHT_RTOL, allowed_near_ties
 
 _INT_VIEW = {
     torch.float32: torch.int32,
@@ -129,16 +126,6 @@ def assert_within_ulp(
             f"{name}: more than {ulps} ulp apart at {_where(bad)}; first {i}: "
             f"{actual[i].item()!r} vs {expected[i].item()!r}"
         )
-
-
-def allowed_near_ties(numel: int) -> int:
-    """How many elements of a tensor may sit one unit away from the reference.
-
-    The contract allows "at most 1 in 10,000 elements"; we read it as one per *started* 10,000 elements,
-    ``ceil(numel / 10_000)``: a 100-element tensor may hold one near tie (a tie can land anywhere), a
-    20,000-element tensor two, an empty tensor none.
-    """
-    return -(-numel // NEAR_TIE_RATE)
 
 
 def assert_near_ties(actual: torch.Tensor, expected: torch.Tensor, name: str = "tensor") -> None:

@@ -1,0 +1,41 @@
+"""The contract's tolerances for fast backends (spec README section 3), written once.
+
+The test suite's comparators (``tests/_compare.py``), ``swiglu-ops verify`` and the GPU benchmark's check
+all read them from here. The reference backend itself is compared exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: "at most 1 in 10,000 elements" may sit one unit (ulp of a 16-bit gradient, FP8 code, E8M0 code) away.
+NEAR_TIE_RATE = 10_000
+#: fp32 gradients: within 4 ulp (measured at the cancelling terms' size where the result cancels).
+FP32_ULPS = 4
+#: grad_weight: within 1e-5 relative (to the summed terms' size where the sum cancels).
+GRAD_WEIGHT_RTOL = 1e-5
+
+
+def allowed_near_ties(numel: int) -> int:
+    """How many elements of a tensor may sit one unit away from the reference.
+
+    "At most 1 in 10,000 elements" read as one per *started* 10,000 elements, ``ceil(numel / 10_000)``: a
+    100-element tensor may hold one near tie (a tie can land anywhere), a 20,000-element tensor two, an
+    empty tensor none.
+    """
+    return -(-numel // NEAR_TIE_RATE)
+
+
+def unit_differences(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
+    """(elements that differ, largest difference in units of the raw bit patterns) of two tensors of the
+    same dtype and shape; a quick count for logs and install checks (the tests also compare signs, zeros
+    and NaN positions)."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
+    diff = (got.view(view).to(torch.int64) - want.view(view).to(torch.int64)).abs()
+    return int((diff != 0).sum()), int(diff.max()) if diff.numel() else 0
+
+
+def within_near_ties(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """The near-tie rule on raw bit patterns: few enough differences, each one unit."""
+    count, worst = unit_differences(got, want)
+    return count <= allowed_near_ties(want.numel()) and worst <= 1
