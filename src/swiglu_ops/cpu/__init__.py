@@ -15,7 +15,7 @@ import torch
 from .. import mx
 from . import _numerics
 from ._group_grad import group_grad_kernel, pairwise_plan
-from ._memory import OutputCache, advise_huge_pages
+from ._memory import OutputCache
 from ._mx_quant import mx_quant_kernel, row_blocks
 
 NAME = "cpu"
@@ -60,7 +60,6 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
     else:
         weight_np, y_origin_np, grad_weight_np = weight.numpy(), _bits(y_origin), grad_weight.numpy()
     leaves, merges = pairwise_plan(hidden)
-    advise_huge_pages(grad_x)
     kernel(
         _bits(dy),
         _bits(x),
@@ -84,7 +83,6 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
         y1[:, covered:] = 0
         s1[:, covered:] = 0
         y2[:, covered:] = 0
-    advise_huge_pages(y1, y2)
     mx_quant_kernel(_KINDS[x.dtype], fmt)(
         _bits(x),
         _bits(dy),

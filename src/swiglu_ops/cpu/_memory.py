@@ -81,8 +81,12 @@ class OutputCache:
     def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous CPU tensor, from a cached buffer when one of its size is free."""
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.min_bytes or self.max_bytes <= 0:
+        if nbytes < self.min_bytes:
             return torch.empty(shape, dtype=dtype)
+        if self.max_bytes <= 0:  # cache off: fresh memory every time, at least in huge pages
+            out = torch.empty(shape, dtype=dtype)
+            advise_huge_pages(out)
+            return out
         buf = None
         with self._lock:
             bufs = self._free.get(nbytes)

@@ -97,8 +97,6 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
     n = c // 2
     num_groups = None if group_ends is None else group_ends.numel()
     blocks = mx_blocks_per_slice(m, num_groups)
-    if scale_alg not in (0, 1):
-        raise ValueError(f"scale_alg must be 0 or 1, got {scale_alg}")
     aligned = all(t.data_ptr() % 16 == 0 for t in (x, dy, y1, s1, y2, s2))
     block_n = MX_BLOCK_N if aligned else min(MX_BLOCK_N, MX_BLOCK_N_UNALIGNED)
     grid = (batch * blocks, triton.cdiv(n, block_n))
