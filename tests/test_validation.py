@@ -335,7 +335,38 @@ REJECTED = [
         ValueError,
         "group_index",
     ),
+    # --- settings read from the environment at import
+    (
+        "env: cpu cache size not a number",
+        lambda: _cpu_cache_bytes("1GB"),
+        ValueError,
+        "SWIGLU_OPS_CPU_CACHE_MB",
+    ),
+    ("env: cpu cache size negative", lambda: _cpu_cache_bytes("-1"), ValueError, "SWIGLU_OPS_CPU_CACHE_MB"),
+    (
+        "env: triton hw conversions not 0/1",
+        lambda: _triton_hw_cvt("yes"),
+        ValueError,
+        "SWIGLU_OPS_TRITON_HW_CVT",
+    ),
 ]
+
+
+def _cpu_cache_bytes(value):
+    from swiglu_ops.cpu._memory import cache_bytes_from_env
+
+    return cache_bytes_from_env(value)
+
+
+def _triton_hw_cvt(value):
+    triton_backend = pytest.importorskip("swiglu_ops.triton")
+    return triton_backend.hw_conversions_from_env(value)
+
+
+def test_environment_settings_accepted():
+    assert _cpu_cache_bytes(None) == _cpu_cache_bytes("") == 1024 << 20
+    assert _cpu_cache_bytes("0") == 0 and _cpu_cache_bytes(" 64 ") == 64 << 20
+    assert [_triton_hw_cvt(v) for v in (None, "", "0", "1")] == [False, False, False, True]
 
 
 @pytest.mark.parametrize(("call", "error", "match"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED])

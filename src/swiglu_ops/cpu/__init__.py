@@ -15,7 +15,7 @@ import torch
 from .. import mx
 from . import _numerics
 from ._group_grad import group_grad_kernel, pairwise_plan
-from ._memory import OutputCache
+from ._memory import OutputCache, cache_bytes_from_env
 from ._mx_quant import mx_quant_kernel, row_blocks
 
 NAME = "cpu"
@@ -25,7 +25,7 @@ _STORAGE = {torch.bfloat16: torch.uint16, torch.float16: torch.uint16, torch.flo
 
 
 #: Freed outputs kept for reuse, at most this many MiB of them (``SWIGLU_OPS_CPU_CACHE_MB``, 0 disables).
-OUTPUT_CACHE = OutputCache(max_bytes=int(os.environ.get("SWIGLU_OPS_CPU_CACHE_MB", "1024")) << 20)
+OUTPUT_CACHE = OutputCache(max_bytes=cache_bytes_from_env(os.environ.get("SWIGLU_OPS_CPU_CACHE_MB")))
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:

@@ -118,3 +118,16 @@ class OutputCache:
             self._free.clear()
             self._order.clear()
             self._free_bytes = 0
+
+
+def cache_bytes_from_env(value: str | None) -> int:
+    """The output cache's byte cap from ``SWIGLU_OPS_CPU_CACHE_MB`` (MiB, default 1024, 0 disables)."""
+    if value is None or value.strip() == "":
+        return 1024 << 20
+    try:
+        mib = int(value)
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise ValueError(f"SWIGLU_OPS_CPU_CACHE_MB must be a non-negative integer (MiB), got {value!r}")
+    return mib << 20

@@ -22,6 +22,7 @@ NAME = "triton"
 #: Launch options of every kernel: the spec forbids contracting its multiplies and adds into FMAs.
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
+
 #: Use single PTX instructions for the correctly rounded conversions (``rcp.rn.f32`` for the sigmoid's
 #: division, ``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes) instead of
 #: their integer transcriptions: about 2.8x fewer instructions per element in the quantizer (static count,
@@ -29,7 +30,14 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 #: the PTX specification, but only the integer path has been checked on hardware (H200, bit-exact). Set
 #: ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in; the interpreter always uses the integer
 #: path.
-HW_CONVERSIONS = os.environ.get("SWIGLU_OPS_TRITON_HW_CVT", "0") == "1"
+def hw_conversions_from_env(value: str | None) -> bool:
+    """``SWIGLU_OPS_TRITON_HW_CVT``: unset, "" or "0" = off, "1" = on; anything else is an error."""
+    if value in (None, "", "0", "1"):
+        return value == "1"
+    raise ValueError(f"SWIGLU_OPS_TRITON_HW_CVT must be 0 or 1, got {value!r}")
+
+
+HW_CONVERSIONS = hw_conversions_from_env(os.environ.get("SWIGLU_OPS_TRITON_HW_CVT"))
 
 # swiglu_bwd_mx_quant: a tile is 32 rows x MX_BLOCK_N column pairs; group ends are scanned in chunks.
 # 64 x 8 warps with the integer conversions: of the tiles measured on an H200 (64 x 8, 32 x 4, 128 x 8, ...),
