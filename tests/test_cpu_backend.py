@@ -1,5 +1,7 @@
 """CPU-backend specific tests: the kernels' scalar numerics, random data against the reference (specials,
 ragged groups, every option), bitwise determinism across thread counts, and indexing beyond 2**31 elements.
+Tests taking ``cpu_kernels`` run both implementations of the 16-bit dtypes: the AVX-512 C kernels
+(``_simd.c``) and the Numba kernels.
 
 The conformance suite (golden cases, errors, properties) runs on this backend too, through
 ``tests/conftest.py``; the tolerances are those of the contract, implemented in ``tests/_compare.py``.
@@ -23,7 +25,22 @@ cpu = pytest.importorskip("swiglu_ops.cpu")
 from _compare import assert_bitwise_equal, assert_exact, assert_group_grad_matches, assert_mx_matches  # noqa: E402
 from _oracles import known_gradient_inputs  # noqa: E402
 
+from swiglu_ops.cpu import _native  # noqa: E402
 from swiglu_ops.cpu import _numerics as nx  # noqa: E402
+
+
+@pytest.fixture(params=["simd", "numba"])
+def cpu_kernels(request, monkeypatch) -> str:
+    """Which kernels the cpu backend runs for bf16/fp16: ``simd`` (the C kernels; a CPU with AVX-512 must
+    have them, so a missing or stale build fails here) or ``numba`` (the library switched off)."""
+    if request.param == "numba":
+        monkeypatch.setattr(_native, "LIB", None)
+    elif _native.LIB is None:
+        if not _native.host_supported():
+            pytest.skip("this CPU has no AVX-512: the cpu backend runs its Numba kernels only")
+        pytest.fail("the CPU has AVX-512 but swiglu_ops.cpu._simd is not built or is stale: pip install -e .")
+    return request.param
+
 
 # ------------------------------------------------------------------------------------ scalar numerics
 
@@ -187,18 +204,18 @@ def _check_group_grad(dy, x, weight, y_origin, group_index, clamp):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("clamp", [0.0, 2.5, float("inf")])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_group_grad_matches_reference(dtype, clamp, weighted):
+def test_group_grad_matches_reference(dtype, clamp, weighted, cpu_kernels):
     dy, x, weight, y_origin = _group_grad_inputs((97, 300), dtype, seed=1, weighted=weighted)
     _check_group_grad(dy, x, weight, y_origin, torch.tensor([40, 31]), clamp)
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 1), (2, 33, 17), (40, 1000)], ids=str)
-def test_group_grad_shapes_rank3_and_odd_hidden(shape):
+def test_group_grad_shapes_rank3_and_odd_hidden(shape, cpu_kernels):
     dy, x, weight, y_origin = _group_grad_inputs(shape, torch.bfloat16, seed=2, weighted=True)
     _check_group_grad(dy, x, weight, y_origin, None, 7.0)
 
 
-def test_group_grad_fp16_overflow_becomes_inf():
+def test_group_grad_fp16_overflow_becomes_inf(cpu_kernels):
     dy, x, _, _ = _group_grad_inputs((64, 128), torch.float16, seed=3, weighted=False, specials=False)
     dy = dy * 300  # |dg| = |dy * silu'(g) * u| reaches well past 65504
     x[:, 128:] = x[:, 128:] * 100
@@ -230,7 +247,7 @@ RAGGED_GROUPS = [[0, 5, 5, 70, 133, 200, 261, 300], [64, 128, 128, 300], [300]]
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("ends", RAGGED_GROUPS, ids=lambda e: f"G{len(e)}")
-def test_mx_quant_ragged_groups_match_reference(dtype, ends):
+def test_mx_quant_ragged_groups_match_reference(dtype, ends, cpu_kernels):
     x, dy = _mx_inputs((300, 640), dtype, seed=4)  # 320 columns per half: a partial column chunk
     _check_mx(x, dy, torch.tensor(ends))
 
@@ -238,7 +255,7 @@ def test_mx_quant_ragged_groups_match_reference(dtype, ends):
 @pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("scale_alg", [0, 1])
 @pytest.mark.parametrize("activate_left", [True, False])
-def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left):
+def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left, cpu_kernels):
     x, dy = _mx_inputs((100, 192), torch.bfloat16, seed=5)
     _check_mx(
         x, dy, torch.tensor([33, 100]), dst_dtype=dst_dtype, scale_alg=scale_alg, activate_left=activate_left
@@ -246,12 +263,12 @@ def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left):
 
 
 @pytest.mark.parametrize("shape", [(3, 70, 128), (2, 2, 33, 64), (1, 64)], ids=str)
-def test_mx_quant_batched_matches_reference(shape):
+def test_mx_quant_batched_matches_reference(shape, cpu_kernels):
     x, dy = _mx_inputs(shape, torch.float16, seed=6)
     _check_mx(x, dy)
 
 
-def test_mx_quant_fp16_overflow_gives_nan_blocks():
+def test_mx_quant_fp16_overflow_gives_nan_blocks(cpu_kernels):
     x, dy = _mx_inputs((64, 128), torch.float16, seed=7, specials=False)
     dy = dy * 3e4  # gradients beyond 65504 round to inf: their blocks get scale 0xFF and codes 0
     y1, s1, _, s2 = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, backend="cpu")
@@ -261,7 +278,7 @@ def test_mx_quant_fp16_overflow_gives_nan_blocks():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype):
+def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype, cpu_kernels):
     """With a stage-1 gradient that is exact (no exp rounding involved), every code must be identical."""
     gen = torch.Generator().manual_seed(8)
     values = torch.randn(130, 96, generator=gen) * 2.0 ** torch.randint(-12, 6, (130, 96), generator=gen)
@@ -273,6 +290,92 @@ def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype):
         expected = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="reference", **kwargs)
         for a, e, name in zip(actual, expected, ("y1", "mxscale1", "y2", "mxscale2"), strict=True):
             assert_exact(a, e, name)
+
+
+# ------------------------------------------------------------------------- C kernels against Numba
+
+
+def _assert_bits_equal_but_nan_payloads(actual, expected):
+    """Bit-identical, except that a NaN may carry another sign or payload: which NaN operand an x86
+    instruction propagates depends on operand order, and both compilers commute multiplications freely
+    (fp16 outputs keep the NaN's sign; bf16 ones are canonical). The contract compares NaN as NaN."""
+    both_nan = actual.isnan() & expected.isnan()
+    assert_bitwise_equal(actual.masked_fill(both_nan, 0), expected.masked_fill(both_nan, 0))
+
+
+def _both_kernels(monkeypatch, op, *args, **kwargs):
+    """``op(*args, backend="cpu", **kwargs)`` with the C kernels, then with the Numba kernels."""
+    if _native.LIB is None:
+        if not _native.host_supported():
+            pytest.skip("this CPU has no AVX-512: the cpu backend runs its Numba kernels only")
+        pytest.fail("the CPU has AVX-512 but swiglu_ops.cpu._simd is not built or is stale: pip install -e .")
+    simd = op(*args, backend="cpu", **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(_native, "LIB", None)
+        return simd, op(*args, backend="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("clamp", [0.0, 1.5, float("inf")])
+def test_simd_group_grad_bit_identical_to_numba_over_awkward_sizes(dtype, clamp, monkeypatch):
+    """Every hidden size from 1 to 40 (vector tails, pairwise leaves under 8), then the sizes where the
+    pairwise tree splits (128, 129, 136, 1000), with specials, weights, masked rows and rank 3."""
+    for hidden in [*range(1, 41), 127, 128, 129, 136, 1000]:
+        for weighted in (False, True):
+            dy, x, weight, y_origin = _group_grad_inputs(
+                (2, 9, hidden), dtype, seed=hidden, weighted=weighted
+            )
+            simd, numba_out = _both_kernels(
+                monkeypatch,
+                swiglu_ops.swiglu_group_grad,
+                dy,
+                x,
+                weight,
+                y_origin,
+                torch.tensor([7, 4]),
+                clamp,
+            )
+            for a, b in zip(simd, numba_out, strict=True):
+                if a is not None:
+                    _assert_bits_equal_but_nan_payloads(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_simd_mx_quant_bit_identical_to_numba(dtype, monkeypatch):
+    for shape, ends in (((70, 64), [3, 3, 40, 70]), ((2, 33, 1088), None), ((200, 1152), [200])):
+        x, dy = _mx_inputs(shape, dtype, seed=shape[-1])
+        for kwargs in (
+            dict(),
+            dict(activate_left=False, scale_alg=0, dst_dtype=torch.float8_e5m2),
+        ):
+            group_index = None if ends is None else torch.tensor(ends)
+            simd, numba_out = _both_kernels(
+                monkeypatch, swiglu_ops.swiglu_backward_mx_quant_dual_axis, x, dy, group_index, **kwargs
+            )
+            for a, b in zip(simd, numba_out, strict=True):
+                assert_bitwise_equal(a, b)
+
+
+def test_simd_sigmoid_table_is_the_numba_sigmoid():
+    """The C kernels read sigmoid_f32 from a table: spot-check entries against the scalar function."""
+    for kind, dtype in ((nx.BF16, torch.bfloat16), (nx.FP16, torch.float16)):
+        table = _native.sigmoid_table(kind)
+        bits = np.arange(1 << 16, dtype=np.uint16)
+        values = torch.from_numpy(bits.view(np.int16)).view(dtype).float().numpy()
+        for i in np.random.default_rng(0).integers(0, 1 << 16, 200).tolist() + [0x7F80, 0xFF80, 0x7FC0, 0]:
+            expected = _native._sigmoid_scalar(np.float32(values[i]), nx.SOURCE_TAG)
+            assert table[i].view(np.uint32) == np.float32(expected).view(np.uint32) or (
+                np.isnan(table[i]) and np.isnan(expected)
+            )
+
+
+def test_stale_simd_build_falls_back_to_numba_with_a_warning(monkeypatch):
+    """An editable install whose _simd.c changed since the build must not run the old C code."""
+    if not _native.host_supported() or _native.LIB is None:
+        pytest.skip("needs the built library on an AVX-512 CPU")
+    monkeypatch.setattr(_native, "source_hash", lambda path: "0" * 16)
+    with pytest.warns(RuntimeWarning, match="another version of _simd.c"):
+        assert _native._load() is None
 
 
 # ---------------------------------------------------------------------------------------- determinism
@@ -288,7 +391,7 @@ def _numba_threads(n: int):
         numba.set_num_threads(saved)
 
 
-def test_bitwise_identical_for_any_thread_count():
+def test_bitwise_identical_for_any_thread_count(cpu_kernels):
     dy, x, weight, y_origin = _group_grad_inputs((333, 520), torch.bfloat16, seed=9, weighted=True)
     mx_x, mx_dy = _mx_inputs((333, 1024), torch.bfloat16, seed=9)
     ends = torch.tensor([17, 100, 100, 250, 333])
@@ -322,7 +425,7 @@ def _fill_tiled(t: torch.Tensor, gen: torch.Generator) -> None:
 
 
 @pytest.mark.slow
-def test_group_grad_beyond_2_pow_31_elements():
+def test_group_grad_beyond_2_pow_31_elements(cpu_kernels):
     """x has more than 2**31 elements (bf16, ~4.3 GB; ~11 GB in all): rows sampled across the whole range,
     including the last ones, must match the reference computed on those rows alone."""
     hidden = 2048
@@ -485,7 +588,7 @@ def test_kernels_cache_key_follows_every_cpu_source_file():
     assert nx.SOURCE_TAG == int.from_bytes(digest, "little")
     for kernel in (
         _group_grad.group_grad_kernel(nx.BF16, True),
-        _mx_quant.mx_quant_kernel(nx.BF16, mx.E4M3FN),
+        _mx_quant.mx_quant_kernel(nx.BF16, mx.E4M3FN, False),
     ):
         cells = dict(zip(kernel.py_func.__code__.co_freevars, kernel.py_func.__closure__, strict=True))
         assert cells["source_tag"].cell_contents == nx.SOURCE_TAG

@@ -343,6 +343,7 @@ REJECTED = [
         "SWIGLU_OPS_CPU_CACHE_MB",
     ),
     ("env: cpu cache size negative", lambda: _cpu_cache_bytes("-1"), ValueError, "SWIGLU_OPS_CPU_CACHE_MB"),
+    ("env: cpu simd not 0/1", lambda: _cpu_simd("on"), ValueError, "SWIGLU_OPS_CPU_SIMD"),
     (
         "env: triton hw conversions not 0/1",
         lambda: _triton_hw_cvt("yes"),
@@ -350,6 +351,12 @@ REJECTED = [
         "SWIGLU_OPS_TRITON_HW_CVT",
     ),
 ]
+
+
+def _cpu_simd(value):
+    from swiglu_ops.cpu._native import simd_from_env
+
+    return simd_from_env(value)
 
 
 def _cpu_cache_bytes(value):

@@ -1,8 +1,10 @@
-"""The ``cpu`` backend: fused Numba kernels for CPU tensors, parallel over all cores.
+"""The ``cpu`` backend: fused kernels for CPU tensors, parallel over all cores.
 
 Each operator is one pass over memory (read the inputs once, write the outputs once); see
-``docs/cpu_backend.md`` for the design, the measurements and the choice of Numba. Kernels are compiled on
-first use for each dtype and cached on disk next to this package (or in ``NUMBA_CACHE_DIR``).
+``docs/cpu_backend.md`` for the design, the measurements and the choice of technology. The Numba kernels
+(``_group_grad``, ``_mx_quant``) run every dtype on every CPU; they are compiled on first use for each dtype
+and cached on disk next to this package (or in ``NUMBA_CACHE_DIR``). On CPUs with AVX-512, 16-bit dtypes go
+to the C kernels of ``_simd.c`` (``_native``), which give bit-identical results faster.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import mx
-from . import _numerics
+from . import _native, _numerics
 from ._group_grad import group_grad_kernel, pairwise_plan
 from ._memory import OutputCache, cache_bytes_from_env
 from ._mx_quant import mx_quant_kernel, row_blocks
@@ -52,20 +54,31 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x/grad_weight."""
     rows, hidden = dy.shape
-    kernel = group_grad_kernel(_KINDS[dy.dtype], clamp > 0)
+    kind = _KINDS[dy.dtype]
+    valid_rows = rows if valid_rows is None else int(valid_rows)
+    leaves, merges = pairwise_plan(hidden)
+    if _native.available(kind):
+        weight_np = None if weight is None else weight.numpy()
+        y_origin_np = None if weight is None else _bits(y_origin)
+        grad_weight_np = None if weight is None else grad_weight.numpy()
+        _native.group_grad(
+            kind, _bits(dy), _bits(x), weight_np, y_origin_np, valid_rows, clamp, leaves, merges,
+            _bits(grad_x), grad_weight_np,
+        )  # fmt: skip
+        return
+    kernel = group_grad_kernel(kind, clamp > 0)
     if weight is None:
         weight_np = np.empty(0, dtype=np.float32)
         y_origin_np = np.empty((0, hidden), dtype=_bits(dy).dtype)
         grad_weight_np = weight_np
     else:
         weight_np, y_origin_np, grad_weight_np = weight.numpy(), _bits(y_origin), grad_weight.numpy()
-    leaves, merges = pairwise_plan(hidden)
     kernel(
         _bits(dy),
         _bits(x),
         weight_np,
         y_origin_np,
-        rows if valid_rows is None else int(valid_rows),
+        valid_rows,
         np.float32(clamp),
         leaves,
         merges,
@@ -83,12 +96,15 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1
         y1[:, covered:] = 0
         s1[:, covered:] = 0
         y2[:, covered:] = 0
-    mx_quant_kernel(_KINDS[x.dtype], fmt)(
+    kind = _KINDS[x.dtype]
+    simd = _native.available(kind)
+    mx_quant_kernel(kind, fmt, simd)(
         _bits(x),
         _bits(dy),
         row_blocks(batch, ranges, bases),
         activate_left,
         scale_alg,
+        _native.sigmoid_table(kind) if simd else np.empty(0, np.float32),
         y1.numpy(),
         s1.numpy(),
         y2.numpy(),

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from ._numerics import SOURCE_TAG, exp_f32, narrow, widen
+from ._numerics import SOURCE_TAG, narrow, sigmoid_f32, widen
 
 #: Rows per parallel task: enough work to amortise scheduling, small enough to balance the cores.
 ROWS_PER_TASK = 16
@@ -31,7 +31,7 @@ def _swiglu_grad(dy, g, u, w, m_r, clamp, has_clamp):
         g = clamp if g >= clamp else g
         u = clamp if u >= clamp else u
         u = -clamp if u <= -clamp else u
-    s = _ONE / (_ONE + exp_f32(-g))
+    s = sigmoid_f32(g)
     f = g * s
     if g == -np.inf:
         f = _ZERO  # -inf * 0 = NaN -> 0

@@ -224,6 +224,13 @@ def exp_f32(x):
     return y
 
 
+@njit(inline="always")
+def sigmoid_f32(x):
+    """The kernels' sigmoid, ``1 / (1 + exp(-x))`` in fp32 (both operators' specs write it so). The SIMD
+    kernels read it from a table of this function's values (``_native.sigmoid_table``)."""
+    return np.float32(1.0) / (np.float32(1.0) + exp_f32(-x))
+
+
 # ------------------------------------------------------------------------------------------------- MX
 
 

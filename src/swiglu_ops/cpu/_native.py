@@ -1,0 +1,141 @@
+"""The AVX-512 kernels of ``_simd.c`` for 16-bit storage (bf16, fp16): loading, the sigmoid table, calls.
+
+``_simd.c`` is built by the package's own build (``setup.py``, an optional extension: where it cannot be
+built, or on a CPU without AVX-512, the cpu backend runs its Numba kernels for every dtype). It is a plain
+C library: ``swiglu_group_grad_16`` is called through :mod:`ctypes` (which releases the GIL) and starts its
+own threads; ``swiglu_mx_stage1_16`` is called from inside the Numba dual-axis kernel as an external
+symbol (:data:`MX_STAGE1`), which keeps that kernel cacheable. ``SWIGLU_OPS_CPU_SIMD=0`` turns the library
+off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import os
+import platform
+import warnings
+from pathlib import Path
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from numba import njit, types
+
+from ._numerics import BF16, FP16, SOURCE_TAG, sigmoid_f32, widen
+
+#: CPU features the library is compiled for (``setup.py``'s flags).
+REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c")
+#: Rows per thread below which fewer threads are started (a thread start costs ~20 us).
+_MIN_ELEMENTS_PER_THREAD = 1 << 16
+
+_P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+
+
+def simd_from_env(value: str | None) -> bool:
+    """``SWIGLU_OPS_CPU_SIMD``: unset or ``1`` uses the SIMD kernels where available, ``0`` never."""
+    if value is None or value.strip() == "1":
+        return True
+    if value.strip() == "0":
+        return False
+    raise ValueError(f"SWIGLU_OPS_CPU_SIMD must be 0 or 1, got {value!r}")
+
+
+def host_supported() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    features = llvm.get_host_cpu_features()
+    return all(features.get(f, False) for f in REQUIRED_FEATURES)
+
+
+def source_hash(path: Path) -> str:
+    """What ``setup.py`` compiles into the library: the first 16 hex digits of the source's sha256."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _load():
+    """The ctypes handle of the built library, or None (not built, or this CPU lacks the features)."""
+    spec = importlib.util.find_spec(f"{__package__}._simd")
+    if spec is None or spec.origin is None or not host_supported():
+        return None
+    lib = ctypes.CDLL(spec.origin)
+    source = Path(__file__).with_name("_simd.c")  # present in a source tree (editable install)
+    built = (ctypes.c_char * 17).in_dll(lib, "swiglu_simd_source_hash").value.decode()
+    if source.exists() and built != source_hash(source):
+        warnings.warn(
+            f"{spec.origin} was built from another version of {source.name}; the cpu backend runs its Numba "
+            "kernels until it is rebuilt (pip install -e .)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    llvm.load_library_permanently(spec.origin)  # Numba links MX_STAGE1 by name, also from its disk cache
+    fn = lib.swiglu_group_grad_16
+    fn.argtypes = (_P, _P, _P, _P, _I64, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _P, _P, _INT, _INT)
+    fn.restype = None
+    return lib
+
+
+LIB = _load() if simd_from_env(os.environ.get("SWIGLU_OPS_CPU_SIMD")) else None
+
+
+_U, _I = types.uintp, types.int64
+#: ``swiglu_mx_stage1_16`` (see ``_simd.c``) for Numba code; pointers are passed as integers.
+MX_STAGE1 = types.ExternalFunction(
+    "swiglu_mx_stage1_16", types.void(_U, _U, _U, _I, _I, _I, _I, _U, _U, _I, _I, _U, types.int32)
+)
+_I32 = types.int32
+#: ``swiglu_mx_quantise_16`` (see ``_simd.c``) for Numba code.
+MX_QUANTISE = types.ExternalFunction(
+    "swiglu_mx_quantise_16",
+    types.void(
+        _U, _U, _I, _I, _I, _U, _U, _U, _U, _I, _I, _I32, _I32, _I32, _I32, _I32, _I32, _I32, types.float32
+    ),
+)
+
+
+def available(kind: int) -> bool:
+    return LIB is not None and kind in (BF16, FP16)
+
+
+@njit(cache=True, error_model="numpy")
+def _sigmoid_values(kind, source_tag, out):
+    for bits in range(out.shape[0]):
+        out[bits] = sigmoid_f32(widen(np.uint16(bits), kind))
+
+
+@functools.cache
+def sigmoid_table(kind: int) -> np.ndarray:
+    """``sigmoid_f32`` of every 16-bit pattern of ``kind``: the Numba kernels' sigmoid, so that both
+    kernels agree bit for bit."""
+    out = np.empty(1 << 16, dtype=np.float32)
+    _sigmoid_values(kind, SOURCE_TAG, out)
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def _sigmoid_scalar(value, source_tag):
+    return sigmoid_f32(value)
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _threads(elements: int) -> int:
+    return max(1, min(numba.get_num_threads(), elements // _MIN_ELEMENTS_PER_THREAD))
+
+
+def group_grad(kind, dy, x, weight, y_origin, valid_rows, clamp, leaves, merges, grad_x, grad_weight) -> None:
+    """``swiglu_group_grad`` on C-contiguous storage-bit arrays (see ``cpu.swiglu_group_grad``)."""
+    rows, hidden = dy.shape
+    table = sigmoid_table(kind)
+    clamp = np.float32(clamp)
+    s_clamp = _sigmoid_scalar(clamp, SOURCE_TAG) if clamp > 0 else np.float32(0.0)
+    LIB.swiglu_group_grad_16(
+        _ptr(dy), _ptr(x), _ptr(weight), _ptr(y_origin), rows, hidden, valid_rows, clamp, s_clamp,
+        _ptr(table), _ptr(leaves), _ptr(merges), leaves.shape[0], _ptr(grad_x), _ptr(grad_weight),
+        0 if kind == BF16 else 1, _threads(rows * hidden),
+    )  # fmt: skip
