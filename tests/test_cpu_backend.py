@@ -573,6 +573,35 @@ def test_ops_as_called_reuse_freed_outputs_and_stay_correct(monkeypatch):
     assert live[0].data_ptr() != live[1].data_ptr()
 
 
+_CACHE_PROBE = """
+import torch, swiglu_ops
+from swiglu_ops import mx
+from swiglu_ops.cpu import _mx_quant, _native, _numerics as nx
+x = torch.randn(64, 128).to(torch.bfloat16)
+swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, x[:, :64].contiguous(), backend="cpu")
+kernel = _mx_quant.mx_quant_kernel(nx.BF16, mx.E4M3FN, _native.available(nx.BF16))
+print(sum(kernel.stats.cache_hits.values()))
+"""
+
+
+def test_a_second_process_loads_the_kernels_from_the_disk_cache(tmp_path):
+    """First-call latency rests on Numba's disk cache: a fresh interpreter must hit it. (It once did not:
+    a dispatcher captured in the kernel's closure pickles with a per-process id into the cache key.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True, text=True, check=True
+        )
+        for _ in range(2)
+    ]
+    assert int(runs[0].stdout.split()[-1]) == 0  # compiled
+    assert int(runs[1].stdout.split()[-1]) >= 1, runs[1].stdout + runs[1].stderr  # loaded
+
+
 def test_kernels_cache_key_follows_every_cpu_source_file():
     """Numba's disk cache checks only the kernel's own file; the helpers in _numerics.py are inlined into
     the kernels, so each kernel captures a hash of all the backend's sources as a closure constant (part

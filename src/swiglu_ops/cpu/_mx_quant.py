@@ -170,7 +170,6 @@ def mx_quant_kernel(kind: int, fmt: mx.FP8Format, simd: bool):
     inv_max = np.float32(fmt.inv_max)
     sub_magic = (1 - bias - mbits + 23 + 127) << 23  # fp32 bits of 2**(emin - mbits + 23)
     storage = np.uint32 if kind == FP32 else np.uint16
-    stage1, quantise = (_stage1_simd, _quantise_simd) if simd else (_stage1, _quantise)
     fmt_args = (
         np.int32(mbits),
         np.int32(bias),
@@ -198,14 +197,26 @@ def mx_quant_kernel(kind: int, fmt: mx.FP8Format, simd: bool):
             col_amax = np.zeros((2, CHUNK), dtype=storage)  # magnitude bits
             col_recip = np.empty(CHUNK, dtype=np.float32)
 
-            # Stage 1: SwiGLU backward, rounded to x's dtype, into the tile, and the column amax.
-            stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax)
-
+            # Stage 1: SwiGLU backward, rounded to x's dtype, into the tile, and the column amax. Then both
+            # quantisations of each half. ``simd`` is a constant: Numba prunes the other branch before typing
+            # (a dispatcher captured in the closure instead would change Numba's cache key in every process).
+            if simd:
+                _stage1_simd(
+                    kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax
+                )  # fmt: skip
+            else:
+                _stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax)
             for half in range(2):
                 col0 = (a_col if half == 0 else b_col) + j0
-                quantise(
-                    kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0, s2_row,
-                    slot, col_recip, scale_alg, fmt_args,
-                )  # fmt: skip
+                if simd:
+                    _quantise_simd(
+                        kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0,
+                        s2_row, slot, col_recip, scale_alg, fmt_args,
+                    )  # fmt: skip
+                else:
+                    _quantise(
+                        kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0,
+                        s2_row, slot, col_recip, scale_alg, fmt_args,
+                    )  # fmt: skip
 
     return kernel
