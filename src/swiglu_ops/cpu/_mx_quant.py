@@ -170,6 +170,7 @@ def mx_quant_kernel(kind: int, fmt: mx.FP8Format, simd: bool):
     inv_max = np.float32(fmt.inv_max)
     sub_magic = (1 - bias - mbits + 23 + 127) << 23  # fp32 bits of 2**(emin - mbits + 23)
     storage = np.uint32 if kind == FP32 else np.uint16
+    assert not simd or CHUNK <= _native.MX_MAX_WIDTH, "the C quantiser takes at most MX_MAX_WIDTH columns"
     fmt_args = (
         np.int32(mbits),
         np.int32(bias),

@@ -79,6 +79,8 @@ def _load():
 
 
 LIB = _load() if simd_from_env(os.environ.get("SWIGLU_OPS_CPU_SIMD")) else None
+#: The widest task (columns of one half) ``swiglu_mx_quantise_16`` takes (its scratch is on the stack).
+MX_MAX_WIDTH = ctypes.c_int.in_dll(LIB, "swiglu_mx_max_width").value if LIB is not None else 0
 
 
 _U, _I = types.uintp, types.int64

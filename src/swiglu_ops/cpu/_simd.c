@@ -34,7 +34,9 @@ const char swiglu_simd_source_hash[] = SWIGLU_SIMD_SOURCE_HASH;
 #define INLINE static inline __attribute__((always_inline)) /* specialised per kind and mode */
 
 enum { KIND_BF16 = 0, KIND_FP16 = 1 };
-enum { ROWS_PER_TILE = 16, MAX_THREADS = 256 };
+enum { ROWS_PER_TILE = 16, MAX_THREADS = 256, MX_MAX_WIDTH = 512 };
+/* The widest dual-axis task (columns of one half) the quantiser takes; _native.py checks _mx_quant.CHUNK. */
+const int swiglu_mx_max_width = MX_MAX_WIDTH;
 
 /* ------------------------------------------------------------------------------------ conversions */
 
@@ -324,6 +326,34 @@ INLINE __m128i fp8_encode(const mx_fmt *f, __m512 value) {
     return _mm512_cvtepi32_epi8(code);
 }
 
+/* The amax of each of ``nb`` <= 16 consecutive 32-element blocks of 16-bit stored values, as the largest
+   magnitude bits (u32 lanes; lanes from nb on are 0). A transposed reduction tree instead of 16 horizontal
+   ones: each level halves the units (32-bit pairs of values) per block with one max of two permutations,
+   until every 32-bit unit holds one block's last two candidates. */
+INLINE __m512i block_amax(const uint16_t *v, int64_t nb) {
+    static const int32_t idx[4][2][16] = {
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
+        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},
+    };
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i r[16];
+    for (int k = 0; k < 16; k++)
+        r[k] = k < nb ? _mm512_and_si512(_mm512_loadu_si512(v + 32 * k), mag) : _mm512_setzero_si512();
+    for (int level = 0, n = 8; level < 4; level++, n /= 2) {
+        const __m512i lo = _mm512_loadu_si512(idx[level][0]), hi = _mm512_loadu_si512(idx[level][1]);
+        for (int k = 0; k < n; k++)
+            r[k] = _mm512_max_epu16(_mm512_permutex2var_epi32(r[2 * k], lo, r[2 * k + 1]),
+                                    _mm512_permutex2var_epi32(r[2 * k], hi, r[2 * k + 1]));
+    }
+    return _mm512_max_epu32(_mm512_and_si512(r[0], _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(r[0], 16));
+}
+
 /* Both quantisations of one half of a task's tile (see swiglu_mx_stage1_16): row-wise 32-column blocks
    into y1/s1 and one 32-row block per column into y2/s2, exactly as the Numba kernel's loops. ``y1``,
    ``y2`` point at the task's first row and column, ``s1`` at its first scale, ``s2`` at the mxscale2 byte
@@ -340,25 +370,12 @@ INLINE void mx_quantise(const uint16_t *tile, const uint16_t *col_amax, int64_t 
         .emax = _mm512_set1_epi32(emax), .sub_magic_f = _mm512_castsi512_ps(_mm512_set1_epi32(sub_magic)),
         .inv_max = _mm512_set1_ps(inv_max), .scale_alg = scale_alg,
     };
-    const __m256i mag = _mm256_set1_epi16(0x7FFF);
-    /* -1 axis: per row, the amax of each 32-column block (a maximum of magnitude bits), 16 blocks at a time */
+    /* -1 axis: per row, the amax, scale code and factor of 16 blocks of 32 columns at a time */
     for (int64_t i = 0; i < nrows; i++) {
         const uint16_t *v = tile + i * tile_row_stride;
         for (int64_t k0 = 0; k0 < width / 32; k0 += 16) {
             const int64_t nb = width / 32 - k0 < 16 ? width / 32 - k0 : 16;
-            uint32_t amax16[16] = {0};
-            for (int64_t k = 0; k < nb; k++) {
-                const __m256i *blk = (const __m256i *)(v + 32 * (k0 + k));
-                const __m256i lo = _mm256_and_si256(_mm256_loadu_si256(blk), mag);
-                const __m256i hi = _mm256_and_si256(_mm256_loadu_si256(blk + 1), mag);
-                __m128i m8 = _mm256_castsi256_si128(_mm256_max_epu16(lo, hi));
-                m8 = _mm_max_epu16(m8, _mm256_extracti128_si256(_mm256_max_epu16(lo, hi), 1));
-                m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
-                m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
-                m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
-                amax16[k] = (uint32_t)_mm_extract_epi16(m8, 0);
-            }
-            const __m512i amax_bits = _mm512_loadu_si512(amax16);
+            const __m512i amax_bits = block_amax(v + 32 * k0, nb);
             const __m512i amax32 = _mm512_castps_si512(widen(_mm512_cvtepi32_epi16(amax_bits), kind));
             __m512 recip;
             const __m512i codes = scale_codes(&f, amax32, &recip);
@@ -376,17 +393,24 @@ INLINE void mx_quantise(const uint16_t *tile, const uint16_t *col_amax, int64_t 
             }
         }
     }
-    /* -2 axis: one block per column over the task's rows; zero padding rows never raise the amax */
+    /* -2 axis: one block per column over the task's rows; zero padding rows never raise the amax. The
+       factors of all columns first, then the rows in order (contiguous stores). */
+    float col_recip[MX_MAX_WIDTH];
     for (int64_t j = 0; j < width; j += 16) {
         __m512 recip;
         const __m512i amax32 = _mm512_castps_si512(widen(load16(col_amax + j, 0xFFFF), kind));
         const __m512i codes = scale_codes(&f, amax32, &recip);
+        _mm512_storeu_ps(col_recip + j, recip);
         uint32_t c[16];
         _mm512_storeu_si512(c, codes);
         for (int k = 0; k < 16; k++) s2[2 * (j + k)] = (uint8_t)c[k];
-        for (int64_t i = 0; i < nrows; i++) {
-            const __m512 v = widen(load16(tile + i * tile_row_stride + j, 0xFFFF), kind);
-            _mm_storeu_si128((__m128i *)(y2 + i * y_stride + j), fp8_encode(&f, _mm512_mul_ps(v, recip)));
+    }
+    for (int64_t i = 0; i < nrows; i++) {
+        const uint16_t *v = tile + i * tile_row_stride;
+        uint8_t *q = y2 + i * y_stride;
+        for (int64_t j = 0; j < width; j += 16) {
+            const __m512 x = _mm512_mul_ps(widen(load16(v + j, 0xFFFF), kind), _mm512_loadu_ps(col_recip + j));
+            _mm_storeu_si128((__m128i *)(q + j), fp8_encode(&f, x));
         }
     }
 }
