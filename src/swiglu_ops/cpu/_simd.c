@@ -237,6 +237,14 @@ INLINE void mx_stage1(const uint16_t *xa, const uint16_t *xb, const uint16_t *dy
     for (int64_t i = 0; i < nrows; i++) {
         const uint16_t *ra = xa + i * x_stride, *rb = xb + i * x_stride, *rg = dy + i * dy_stride;
         uint16_t *ta = tile + i * tile_row_stride, *tb = ta + tile_half_stride;
+        /* Prefetch the row after next: a task reads 3 x 32 short row segments, more streams than the
+           hardware prefetchers follow (~10 % faster, same-process A/B at M=8192). */
+        if (i + 2 < nrows)
+            for (int64_t j = 0; j < width; j += 32) {
+                _mm_prefetch((const char *)(ra + 2 * x_stride + j), _MM_HINT_T0);
+                _mm_prefetch((const char *)(rb + 2 * x_stride + j), _MM_HINT_T0);
+                _mm_prefetch((const char *)(rg + 2 * dy_stride + j), _MM_HINT_T0);
+            }
         for (int64_t j = 0; j < width; j += 16) {
             const __m256i a_bits = load16(ra + j, 0xFFFF);
             const __m512 a = widen(a_bits, kind), b = widen(load16(rb + j, 0xFFFF), kind);
