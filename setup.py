@@ -19,27 +19,30 @@ _X86_64 = platform.machine().lower() in ("x86_64", "amd64") and os.name == "posi
 # install whose _simd.c changed after the build runs Numba (and warns) instead of stale C.
 _SOURCE_HASH = hashlib.sha256((Path(__file__).parent / _SOURCE).read_bytes()).hexdigest()[:16]
 
-setup(
-    ext_modules=[
-        Extension(
-            "swiglu_ops.cpu._simd",
-            sources=[_SOURCE],
-            define_macros=[("SWIGLU_SIMD_SOURCE_HASH", f'"{_SOURCE_HASH}"')],
-            extra_compile_args=[
-                "-O3",
-                "-std=c11",
-                "-ffp-contract=off",  # the kernels' operations are never fused into FMAs
-                "-mavx512f",
-                "-mavx512bw",
-                "-mavx512vl",
-                "-mavx512dq",
-                "-mf16c",
-                "-pthread",
-            ],
-            extra_link_args=["-pthread"],
-            optional=True,
-        )
-    ]
-    if _X86_64
-    else [],
-)
+_FLAGS = [
+    "-O3",
+    "-std=c11",
+    "-ffp-contract=off",  # the kernels' operations are never fused into FMAs
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mf16c",
+    "-pthread",
+]
+
+
+def _build(name: str, extra_flags: list[str]) -> Extension:
+    return Extension(
+        f"swiglu_ops.cpu.{name}",
+        sources=[_SOURCE],
+        define_macros=[("SWIGLU_SIMD_SOURCE_HASH", f'"{_SOURCE_HASH}"')],
+        extra_compile_args=_FLAGS + extra_flags,
+        extra_link_args=["-pthread"],
+        optional=True,
+    )
+
+
+# Two builds of the same source: AVX-512 (F/BW/VL/DQ), and the same plus AVX512-BF16 (one-instruction bf16
+# rounding) for the CPUs that have it; _native loads the best one the CPU runs.
+setup(ext_modules=[_build("_simd", []), _build("_simd_bf16", ["-mavx512bf16"])] if _X86_64 else [])

@@ -369,13 +369,61 @@ def test_simd_sigmoid_table_is_the_numba_sigmoid():
             )
 
 
+_BUILD_PROBE = """
+import sys, torch, swiglu_ops
+from swiglu_ops.cpu import _native
+g = torch.Generator().manual_seed(3)
+out = {"build": _native.BUILD}
+for dtype in (torch.bfloat16, torch.float16):
+    x = torch.randn(64, 256, generator=g) * 3
+    dy = torch.randn(64, 128, generator=g)
+    dy[:16] *= 1e-38  # fp32-subnormal gradients: the bf16 rounding's rare path
+    flat = x.view(-1)
+    flat[torch.randint(0, flat.numel(), (200,), generator=g)] = float("nan")
+    flat[torch.randint(0, flat.numel(), (200,), generator=g)] = float("inf")
+    x, dy = x.to(dtype), dy.to(dtype)
+    w, yo = torch.rand(64, generator=g), torch.randn(64, 128, generator=g).to(dtype)
+    out[str(dtype)] = (
+        swiglu_ops.swiglu_group_grad(dy, x, w, yo, torch.tensor([60]), 5.0, backend="cpu"),
+        swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, torch.tensor([20, 64]), backend="cpu"),
+    )
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_the_avx512_bf16_build_matches_the_plain_avx512_build(tmp_path):
+    """The _simd_bf16 build rounds bf16 with vcvtneps2bf16 and falls back to the integer rounding for NaN
+    and fp32-subnormal lanes; the plain build always rounds in integers. Same bits, both kernels."""
+    import os
+    import subprocess
+    import sys
+
+    if not _native.host_supported("_simd_bf16"):
+        pytest.skip("this CPU has no AVX512-BF16: only the plain AVX-512 build runs here")
+    results = {}
+    for choice in ("1", "avx512"):
+        path = tmp_path / f"{choice}.pt"
+        env = {**os.environ, "SWIGLU_OPS_CPU_SIMD": choice}
+        subprocess.run([sys.executable, "-c", _BUILD_PROBE, str(path)], env=env, check=True)
+        results[choice] = torch.load(path)
+    assert (results["1"]["build"], results["avx512"]["build"]) == ("_simd_bf16", "_simd")
+    for dtype in ("torch.bfloat16", "torch.float16"):
+        (gg_a, mx_a), (gg_b, mx_b) = results["1"][dtype], results["avx512"][dtype]
+        for a, b in zip(gg_a, gg_b, strict=True):
+            _assert_bits_equal_but_nan_payloads(a, b)
+        for a, b in zip(mx_a, mx_b, strict=True):
+            assert_bitwise_equal(a, b)
+    grad_x = results["1"]["torch.bfloat16"][0][0]
+    assert (grad_x[:16] != 0).any() and (grad_x[:16].abs() < 2.0**-126).any()  # the subnormal path ran
+
+
 def test_stale_simd_build_falls_back_to_numba_with_a_warning(monkeypatch):
     """An editable install whose _simd.c changed since the build must not run the old C code."""
     if not _native.host_supported() or _native.LIB is None:
         pytest.skip("needs the built library on an AVX-512 CPU")
     monkeypatch.setattr(_native, "source_hash", lambda path: "0" * 16)
     with pytest.warns(RuntimeWarning, match="another version of _simd.c"):
-        assert _native._load() is None
+        assert _native._load(("_simd",)) == (None, "")
 
 
 # ---------------------------------------------------------------------------------------- determinism

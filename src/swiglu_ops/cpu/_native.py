@@ -26,28 +26,34 @@ from numba import njit, types
 
 from ._numerics import BF16, FP16, SOURCE_TAG, sigmoid_f32, widen
 
-#: CPU features the library is compiled for (``setup.py``'s flags).
-REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c")
 #: Rows per thread below which fewer threads are started (a thread start costs ~20 us).
 _MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 
-def simd_from_env(value: str | None) -> bool:
-    """``SWIGLU_OPS_CPU_SIMD``: unset or ``1`` uses the SIMD kernels where available, ``0`` never."""
-    if value is None or value.strip() == "1":
-        return True
-    if value.strip() == "0":
-        return False
-    raise ValueError(f"SWIGLU_OPS_CPU_SIMD must be 0 or 1, got {value!r}")
+#: The builds of ``_simd.c`` (``setup.py``), best first, with the CPU features each needs.
+BUILDS = {
+    "_simd_bf16": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "avx512bf16"),
+    "_simd": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c"),
+}
 
 
-def host_supported() -> bool:
+def simd_from_env(value: str | None) -> tuple[str, ...]:
+    """The builds ``SWIGLU_OPS_CPU_SIMD`` allows, best first: unset or ``1`` any, ``0`` none, ``avx512``
+    the plain AVX-512 build only (to compare the builds on a CPU that has AVX512-BF16)."""
+    choice = "1" if value is None else value.strip()
+    if choice in ("0", "1", "avx512"):
+        return {"0": (), "1": tuple(BUILDS), "avx512": ("_simd",)}[choice]
+    raise ValueError(f"SWIGLU_OPS_CPU_SIMD must be 0, 1 or avx512, got {value!r}")
+
+
+def host_supported(build: str = "_simd") -> bool:
+    """Whether this CPU runs ``build`` (by default the plain AVX-512 one, which every other needs)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     features = llvm.get_host_cpu_features()
-    return all(features.get(f, False) for f in REQUIRED_FEATURES)
+    return all(features.get(f, False) for f in BUILDS[build])
 
 
 def source_hash(path: Path) -> str:
@@ -55,11 +61,14 @@ def source_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def _load():
-    """The ctypes handle of the built library, or None (not built, or this CPU lacks the features)."""
-    spec = importlib.util.find_spec(f"{__package__}._simd")
-    if spec is None or spec.origin is None or not host_supported():
-        return None
+def _load(builds: tuple[str, ...]):
+    """The ctypes handle and name of the best built library among ``builds`` this CPU runs, or (None, "")."""
+    for build in builds:
+        spec = importlib.util.find_spec(f"{__package__}.{build}")
+        if spec is not None and spec.origin is not None and host_supported(build):
+            break
+    else:
+        return None, ""
     lib = ctypes.CDLL(spec.origin)
     source = Path(__file__).with_name("_simd.c")  # present in a source tree (editable install)
     built = (ctypes.c_char * 17).in_dll(lib, "swiglu_simd_source_hash").value.decode()
@@ -70,15 +79,16 @@ def _load():
             RuntimeWarning,
             stacklevel=2,
         )
-        return None
+        return None, ""
     llvm.load_library_permanently(spec.origin)  # Numba links MX_STAGE1 by name, also from its disk cache
     fn = lib.swiglu_group_grad_16
     fn.argtypes = (_P, _P, _P, _P, _I64, _I64, _I64, _F32, _F32, _P, _P, _P, _I64, _P, _P, _INT, _INT)
     fn.restype = None
-    return lib
+    return lib, build
 
 
-LIB = _load() if simd_from_env(os.environ.get("SWIGLU_OPS_CPU_SIMD")) else None
+#: The loaded library (None: the Numba kernels run) and which build of ``_simd.c`` it is.
+LIB, BUILD = _load(simd_from_env(os.environ.get("SWIGLU_OPS_CPU_SIMD")))
 #: The widest task (columns of one half) ``swiglu_mx_quantise_16`` takes (its scratch is on the stack).
 MX_MAX_WIDTH = ctypes.c_int.in_dll(LIB, "swiglu_mx_max_width").value if LIB is not None else 0
 

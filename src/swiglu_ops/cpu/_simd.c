@@ -50,9 +50,15 @@ INLINE __m512 widen(__m256i bits, int kind) {
 }
 
 /* RNE, overflow to inf; bf16 NaN becomes 0x7FC0 (PyTorch's), fp16 NaN stays a quiet NaN (as F16C and the
-   Numba kernels' hardware path give it). */
+   Numba kernels' hardware path give it). With AVX512-BF16 (the _simd_bf16 build), vcvtneps2bf16 rounds the
+   same way for every input except NaN (payload kept) and fp32 subnormals (flushed to zero): vectors that
+   hold one of those take the integer path. */
 INLINE __m256i narrow(__m512 v, int kind) {
     if (kind == KIND_BF16) {
+#ifdef __AVX512BF16__
+        if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xA1) == 0, 1)) /* QNaN | SNaN | denormal */
+            return (__m256i)_mm512_cvtneps_pbh(v);
+#endif
         const __m512i u = _mm512_castps_si512(v);
         const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
         __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
