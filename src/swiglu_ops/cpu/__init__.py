@@ -57,34 +57,20 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
     kind = _KINDS[dy.dtype]
     valid_rows = rows if valid_rows is None else int(valid_rows)
     leaves, merges = pairwise_plan(hidden)
+    weighted = None if weight is None else (weight.numpy(), _bits(y_origin), grad_weight.numpy())
     if _native.available(kind):
-        weight_np = None if weight is None else weight.numpy()
-        y_origin_np = None if weight is None else _bits(y_origin)
-        grad_weight_np = None if weight is None else grad_weight.numpy()
         _native.group_grad(
-            kind, _bits(dy), _bits(x), weight_np, y_origin_np, valid_rows, clamp, leaves, merges,
-            _bits(grad_x), grad_weight_np,
-        )  # fmt: skip
+            kind, _bits(dy), _bits(x), weighted, valid_rows, clamp, leaves, merges, _bits(grad_x)
+        )
         return
-    kernel = group_grad_kernel(kind, clamp > 0)
-    if weight is None:
-        weight_np = np.empty(0, dtype=np.float32)
-        y_origin_np = np.empty((0, hidden), dtype=_bits(dy).dtype)
-        grad_weight_np = weight_np
-    else:
-        weight_np, y_origin_np, grad_weight_np = weight.numpy(), _bits(y_origin), grad_weight.numpy()
-    kernel(
-        _bits(dy),
-        _bits(x),
-        weight_np,
-        y_origin_np,
-        valid_rows,
-        np.float32(clamp),
-        leaves,
-        merges,
-        _bits(grad_x),
-        grad_weight_np,
-    )
+    if weighted is None:  # Numba takes empty arrays instead
+        no_weight = np.empty(0, dtype=np.float32)
+        weighted = (no_weight, np.empty((0, hidden), dtype=_bits(dy).dtype), no_weight)
+    weight_np, y_origin_np, grad_weight_np = weighted
+    group_grad_kernel(kind, clamp > 0)(
+        _bits(dy), _bits(x), weight_np, y_origin_np, valid_rows, np.float32(clamp), leaves, merges,
+        _bits(grad_x), grad_weight_np,
+    )  # fmt: skip
 
 
 def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1, y2, s2) -> None:

@@ -3,9 +3,9 @@
 ``_simd.c`` is built by the package's own build (``setup.py``, an optional extension: where it cannot be
 built, or on a CPU without AVX-512, the cpu backend runs its Numba kernels for every dtype). It is a plain
 C library: ``swiglu_group_grad_16`` is called through :mod:`ctypes` (which releases the GIL) and starts its
-own threads; ``swiglu_mx_stage1_16`` is called from inside the Numba dual-axis kernel as an external
-symbol (:data:`MX_STAGE1`), which keeps that kernel cacheable. ``SWIGLU_OPS_CPU_SIMD=0`` turns the library
-off.
+own threads; the two stages of a dual-axis task are called from inside the Numba kernel as external
+symbols (:data:`MX_STAGE1`, :data:`MX_QUANTISE`), which keeps that kernel cacheable. ``SWIGLU_OPS_CPU_SIMD``
+chooses: ``0`` no library, ``avx512`` the plain build, unset or ``1`` the best build the CPU runs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from numba import njit, types
 
 from ._numerics import BF16, FP16, SOURCE_TAG, sigmoid_f32, widen
 
-#: Rows per thread below which fewer threads are started (a thread start costs ~20 us).
+#: Elements (pairs) per thread below which fewer threads are started (a thread start costs ~20 us).
 _MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -112,10 +112,25 @@ def available(kind: int) -> bool:
     return LIB is not None and kind in (BF16, FP16)
 
 
-@njit(cache=True, error_model="numpy")
-def _sigmoid_values(kind, source_tag, out):
-    for bits in range(out.shape[0]):
-        out[bits] = sigmoid_f32(widen(np.uint16(bits), kind))
+@functools.cache
+def _sigmoid_kernels():
+    """Numba's ``sigmoid_f32`` over all 16-bit patterns of a kind, and of one fp32 value. Closures over
+    ``SOURCE_TAG`` like the kernels: it is part of Numba's cache key, so an edit of ``_numerics.py`` (whose
+    sigmoid is inlined here) rebuilds them instead of loading a stale table."""
+    source_tag = SOURCE_TAG
+
+    @njit(cache=True, error_model="numpy")
+    def table(kind, out):
+        _ = source_tag
+        for bits in range(out.shape[0]):
+            out[bits] = sigmoid_f32(widen(np.uint16(bits), kind))
+
+    @njit(cache=True, error_model="numpy")
+    def scalar(value):
+        _ = source_tag
+        return sigmoid_f32(value)
+
+    return table, scalar
 
 
 @functools.cache
@@ -123,13 +138,13 @@ def sigmoid_table(kind: int) -> np.ndarray:
     """``sigmoid_f32`` of every 16-bit pattern of ``kind``: the Numba kernels' sigmoid, so that both
     kernels agree bit for bit."""
     out = np.empty(1 << 16, dtype=np.float32)
-    _sigmoid_values(kind, SOURCE_TAG, out)
+    _sigmoid_kernels()[0](kind, out)
     return out
 
 
-@njit(cache=True, error_model="numpy")
-def _sigmoid_scalar(value, source_tag):
-    return sigmoid_f32(value)
+def sigmoid_scalar(value: np.float32) -> np.float32:
+    """``sigmoid_f32(value)`` (for a clamp limit, which need not be a 16-bit value)."""
+    return _sigmoid_kernels()[1](np.float32(value))
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -140,14 +155,15 @@ def _threads(elements: int) -> int:
     return max(1, min(numba.get_num_threads(), elements // _MIN_ELEMENTS_PER_THREAD))
 
 
-def group_grad(kind, dy, x, weight, y_origin, valid_rows, clamp, leaves, merges, grad_x, grad_weight) -> None:
-    """``swiglu_group_grad`` on C-contiguous storage-bit arrays (see ``cpu.swiglu_group_grad``)."""
+def group_grad(kind, dy, x, weighted, valid_rows, clamp, leaves, merges, grad_x) -> None:
+    """``swiglu_group_grad`` on C-contiguous storage-bit arrays (see ``cpu.swiglu_group_grad``);
+    ``weighted`` is (weight, y_origin, grad_weight) or None."""
     rows, hidden = dy.shape
-    table = sigmoid_table(kind)
+    weight, y_origin, grad_weight = (None, None, None) if weighted is None else weighted
     clamp = np.float32(clamp)
-    s_clamp = _sigmoid_scalar(clamp, SOURCE_TAG) if clamp > 0 else np.float32(0.0)
+    s_clamp = sigmoid_scalar(clamp) if clamp > 0 else np.float32(0.0)
     LIB.swiglu_group_grad_16(
         _ptr(dy), _ptr(x), _ptr(weight), _ptr(y_origin), rows, hidden, valid_rows, clamp, s_clamp,
-        _ptr(table), _ptr(leaves), _ptr(merges), leaves.shape[0], _ptr(grad_x), _ptr(grad_weight),
-        0 if kind == BF16 else 1, _threads(rows * hidden),
+        _ptr(sigmoid_table(kind)), _ptr(leaves), _ptr(merges), leaves.shape[0], _ptr(grad_x),
+        _ptr(grad_weight), 0 if kind == BF16 else 1, _threads(rows * hidden),
     )  # fmt: skip
