@@ -63,11 +63,10 @@ def row_blocks(batch: int, ranges, bases) -> np.ndarray:
 
 
 @njit(inline="always")
-def _stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax):
+def _stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, tile, col_amax):
     """A task's stage 1: the SwiGLU backward rounded to x's dtype, as stored bits into ``tile`` [row, half
-    (A, B), column], and the column amax of the magnitude bits into ``col_amax`` [half, column] (``table``
-    is unused here). Loops index row slices from 0 so that LLVM sees unit-stride, non-negative indices and
-    vectorises them."""
+    (A, B), column], and the column amax of the magnitude bits into ``col_amax`` [half, column]. Loops
+    index row slices from 0 so that LLVM sees unit-stride, non-negative indices and vectorises them."""
     mag_mask = storage(0x7FFFFFFF if kind == FP32 else 0x7FFF)
     ca, cb = col_amax[0], col_amax[1]
     for i in range(nrows):
@@ -87,7 +86,7 @@ def _stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, tabl
 
 
 @njit(inline="always")
-def _stage1_simd(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax):
+def _stage1_simd(kind, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax):
     """:func:`_stage1` by the AVX-512 code of ``_simd.c`` (16-bit kinds; bit-identical, about twice as
     fast), ``table`` being ``_native.sigmoid_table(kind)``. Pointers go as integers: byte offsets of the
     C-contiguous arrays."""
@@ -104,11 +103,12 @@ def _stage1_simd(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col,
 
 @njit(inline="always")
 def _quantise(kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0, s2_row, slot,
-              col_recip, scale_alg, fmt_args):  # fmt: skip
+              scale_alg, fmt_args):  # fmt: skip
     """Both quantisations of one half of a task's tile (``tile[:, half]``, column amax ``col_amax[half]``):
     row-wise 32-column blocks into y1/s1 and one 32-row block per column into y2/s2, for the task's rows
-    from ``row0`` and columns from ``col0``. ``col_recip`` is fp32 scratch of ``width`` elements."""
+    from ``row0`` and columns from ``col0``."""
     mbits, bias, max_code, sub_magic, emax, inv_max = fmt_args
+    col_recip = np.empty(width, dtype=np.float32)
     mag_mask = storage(0x7FFFFFFF if kind == FP32 else 0x7FFF)
     # -1 axis: blocks of 32 consecutive columns of one row.
     for i in range(nrows):
@@ -143,8 +143,8 @@ def _quantise(kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2,
 
 
 @njit(inline="always")
-def _quantise_simd(kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0, s2_row,
-                   slot, col_recip, scale_alg, fmt_args):  # fmt: skip
+def _quantise_simd(kind, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0, s2_row, slot,
+                   scale_alg, fmt_args):  # fmt: skip
     """:func:`_quantise` by the AVX-512 code of ``_simd.c`` (16-bit kinds; bit-identical). Pointers go as
     integers: byte offsets into the C-contiguous arrays (``tile`` 16-bit, the outputs uint8)."""
     mbits, bias, max_code, sub_magic, emax, inv_max = fmt_args
@@ -196,28 +196,25 @@ def mx_quant_kernel(kind: int, fmt: mx.FP8Format, simd: bool):
             width = min(CHUNK, n - j0)
             tile = np.empty((_BLOCK, 2, CHUNK), dtype=storage)  # [row, half (A, B), column], stored bits
             col_amax = np.zeros((2, CHUNK), dtype=storage)  # magnitude bits
-            col_recip = np.empty(CHUNK, dtype=np.float32)
 
             # Stage 1: SwiGLU backward, rounded to x's dtype, into the tile, and the column amax. Then both
             # quantisations of each half. ``simd`` is a constant: Numba prunes the other branch before typing
             # (a dispatcher captured in the closure instead would change Numba's cache key in every process).
             if simd:
-                _stage1_simd(
-                    kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax
-                )  # fmt: skip
+                _stage1_simd(kind, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax)
             else:
-                _stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, table, tile, col_amax)
+                _stage1(kind, storage, x, dy, bi, row0, nrows, j0, width, a_col, b_col, tile, col_amax)
             for half in range(2):
                 col0 = (a_col if half == 0 else b_col) + j0
                 if simd:
                     _quantise_simd(
-                        kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0,
-                        s2_row, slot, col_recip, scale_alg, fmt_args,
+                        kind, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0, s2_row,
+                        slot, scale_alg, fmt_args,
                     )  # fmt: skip
                 else:
                     _quantise(
                         kind, storage, tile, col_amax, half, nrows, width, y1, s1, y2, s2, bi, row0, col0,
-                        s2_row, slot, col_recip, scale_alg, fmt_args,
+                        s2_row, slot, scale_alg, fmt_args,
                     )  # fmt: skip
 
     return kernel
