@@ -1,48 +1,40 @@
-"""The package's one compiled part: the cpu backend's AVX-512 kernels (``src/swiglu_ops/cpu/_simd.c``).
+"""The package's one compiled part: the cpu backend's C library (``src/swiglu_ops/cpu/csrc``).
 
-Everything else is in ``pyproject.toml``. The extension is optional: where it cannot be built (no C
-compiler, not x86-64) the install still succeeds and the cpu backend runs its Numba kernels only. It is
-compiled for AVX-512 and used only on CPUs that have it (``swiglu_ops.cpu._native`` checks), so the
-package installs and runs anywhere.
+Everything else is in ``pyproject.toml``. The library holds every kernel once per instruction set (portable
+C for the build's baseline, and on x86-64 also AVX2 and AVX-512 builds selected by function-level target
+pragmas); ``swiglu_ops.cpu._loader`` picks the best one the CPU runs. The extension is optional: where it
+cannot be built (no C compiler, a compiler without GNU C vector extensions) the install still succeeds,
+``backend="cpu"`` says why it is unavailable and ``"auto"`` uses the reference backend.
 """
 
 import hashlib
-import os
-import platform
 from pathlib import Path
 
 from setuptools import Extension, setup
 
-_SOURCE = "src/swiglu_ops/cpu/_simd.c"
-_X86_64 = platform.machine().lower() in ("x86_64", "amd64") and os.name == "posix"
-# Compiled in; swiglu_ops.cpu._native compares it with the source next to the package, so an editable
-# install whose _simd.c changed after the build runs Numba (and warns) instead of stale C.
-_SOURCE_HASH = hashlib.sha256((Path(__file__).parent / _SOURCE).read_bytes()).hexdigest()[:16]
+_CSRC = Path("src/swiglu_ops/cpu/csrc")
+_SOURCES = sorted(_CSRC.glob("*.c"))
+# Compiled in; swiglu_ops.cpu._loader compares it with the sources next to the package, so an editable
+# install whose C sources changed after the build is refused (with the reason) instead of running stale code.
+_SOURCE_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_CSRC.glob("*.[ch]")))).hexdigest()[:16]
 
-_FLAGS = [
-    "-O3",
-    "-std=c11",
-    "-ffp-contract=off",  # the kernels' operations are never fused into FMAs
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512dq",
-    "-mf16c",
-    "-pthread",
-]
-
-
-def _build(name: str, extra_flags: list[str]) -> Extension:
-    return Extension(
-        f"swiglu_ops.cpu.{name}",
-        sources=[_SOURCE],
-        define_macros=[("SWIGLU_SIMD_SOURCE_HASH", f'"{_SOURCE_HASH}"')],
-        extra_compile_args=_FLAGS + extra_flags,
-        extra_link_args=["-pthread"],
-        optional=True,
-    )
-
-
-# Two builds of the same source: AVX-512 (F/BW/VL/DQ), and the same plus AVX512-BF16 (one-instruction bf16
-# rounding) for the CPUs that have it; _native loads the best one the CPU runs.
-setup(ext_modules=[_build("_simd", []), _build("_simd_bf16", ["-mavx512bf16"])] if _X86_64 else [])
+setup(
+    ext_modules=[
+        Extension(
+            "swiglu_ops.cpu._kernels",
+            sources=[str(p) for p in _SOURCES],
+            depends=[str(p) for p in sorted(_CSRC.glob("*.h"))],
+            define_macros=[("SWIGLU_SOURCE_HASH", f'"{_SOURCE_HASH}"')],
+            extra_compile_args=[
+                "-O3",
+                "-std=c11",
+                "-ffp-contract=off",  # the operators' multiplies and adds are never fused into FMAs
+                "-fno-math-errno",
+                "-Wno-psabi",
+                "-pthread",
+            ],
+            extra_link_args=["-pthread"],
+            optional=True,
+        )
+    ]
+)

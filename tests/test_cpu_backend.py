@@ -1,170 +1,99 @@
-"""CPU-backend specific tests: the kernels' scalar numerics, random data against the reference (specials,
-ragged groups, every option), bitwise determinism across thread counts, and indexing beyond 2**31 elements.
-Tests taking ``cpu_kernels`` run both implementations of the 16-bit dtypes: the AVX-512 C kernels
-(``_simd.c``) and the Numba kernels.
+"""CPU-backend specific tests: the C library's numerics and instruction sets, random data against the
+reference (specials, ragged groups, every option), every instruction set bit for bit against every other,
+threads and processes (thread counts, concurrent callers, fork), the build and its fallbacks, indexing
+beyond 2**31 elements, the output cache.
 
-The conformance suite (golden cases, errors, properties) runs on this backend too, through
-``tests/conftest.py``; the tolerances are those of the contract, implemented in ``tests/_compare.py``.
+Tests taking ``isa`` run once per instruction set this machine runs (portable, AVX2, AVX-512, AVX-512 with
+AVX512-BF16). The conformance suite (golden cases, errors, properties) runs on this backend too, through
+``tests/conftest.py`` (with the default instruction set); the tolerances are those of the contract,
+implemented in ``tests/_compare.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
 
-import numpy as np
 import pytest
 import torch
+from _compare import assert_bitwise_equal, assert_exact, assert_group_grad_matches, assert_mx_matches
+from _oracles import known_gradient_inputs
 
 import swiglu_ops
-from swiglu_ops import mx
+from swiglu_ops import _api, reference
+from swiglu_ops import cpu as cpu_backend
+from swiglu_ops.cpu import _loader
+from swiglu_ops.glu import GluParams
 
-numba = pytest.importorskip("numba")
-cpu = pytest.importorskip("swiglu_ops.cpu")
-
-from _compare import assert_bitwise_equal, assert_exact, assert_group_grad_matches, assert_mx_matches  # noqa: E402
-from _oracles import known_gradient_inputs  # noqa: E402
-
-from swiglu_ops.cpu import _native  # noqa: E402
-from swiglu_ops.cpu import _numerics as nx  # noqa: E402
+LIB = cpu_backend.LIBRARY.lib
+ISAS = cpu_backend.LIBRARY.supported_isas()
 
 
-@pytest.fixture(params=["simd", "numba"])
-def cpu_kernels(request, monkeypatch) -> str:
-    """Which kernels the cpu backend runs for bf16/fp16: ``simd`` (the C kernels; a CPU with AVX-512 must
-    have them, so a missing or stale build fails here) or ``numba`` (the library switched off)."""
-    if request.param == "numba":
-        monkeypatch.setattr(_native, "LIB", None)
-    elif _native.LIB is None:
-        if not _native.host_supported():
-            pytest.skip("this CPU has no AVX-512: the cpu backend runs its Numba kernels only")
-        pytest.fail("the CPU has AVX-512 but swiglu_ops.cpu._simd is not built or is stale: pip install -e .")
+def test_the_library_is_built_and_loaded():
+    """CI machines have a C compiler: the library must be there (a missing or stale build fails here)."""
+    assert LIB is not None, cpu_backend.LIBRARY.why
+    assert "portable" in ISAS and cpu_backend.LIBRARY.isa == ISAS[0]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch) -> str:
+    """Run the cpu backend with one instruction set's kernels."""
+    monkeypatch.setattr(cpu_backend.LIBRARY, "isa", request.param)
+    monkeypatch.setattr(cpu_backend.LIBRARY, "isa_code", getattr(LIB, f"SWIGLU_ISA_{request.param.upper()}"))
     return request.param
 
 
-# ------------------------------------------------------------------------------------ scalar numerics
+def _with_isa(name: str):
+    cpu_backend.LIBRARY.isa_code = getattr(LIB, f"SWIGLU_ISA_{name.upper()}")
 
 
-@numba.njit(error_model="numpy")
-def _apply_exp(x, out):
-    for i in range(x.shape[0]):
-        out[i] = nx.exp_f32(x[i])
+# ------------------------------------------------------------------------------------------ numerics
 
 
-@numba.njit(error_model="numpy")
-def _apply_widen(bits, kind, out):
-    for i in range(bits.shape[0]):
-        out[i] = nx.widen(bits[i], kind)
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in fp32 units in the last place (same-sign finite values)."""
+    ia, ib = a.view(torch.int32).to(torch.int64), b.view(torch.int32).to(torch.int64)
+    return (ia - ib).abs()
 
 
-@numba.njit(error_model="numpy")
-def _apply_narrow(values, kind, out):
-    for i in range(values.shape[0]):
-        out[i] = nx.narrow(values[i], kind)
-
-
-@numba.njit(error_model="numpy")
-def _apply_quantize(amax, values, scale_alg, emax, inv_max, mbits, bias, max_code, sub_magic, codes, out):
-    """Scale code per amax, and the element codes of ``values[i, :]`` under the scale of ``amax[i]``."""
-    for i in range(amax.shape[0]):
-        codes[i] = nx.scale_code(amax[i], scale_alg, emax, inv_max)
-        recip = nx.scale_reciprocal(codes[i], amax[i], scale_alg)
-        for j in range(values.shape[1]):
-            out[i, j] = nx.fp8_encode(values[i, j] * recip, mbits, bias, max_code, sub_magic)
-
-
-def _fp32_bit_sample(step: int) -> np.ndarray:
-    """Every ``step``-th fp32 bit pattern (both signs, all exponents, NaN and inf) plus the specials."""
-    bits = np.arange(0, 1 << 32, step, dtype=np.uint64).astype(np.uint32)
-    specials = np.array(
-        [
-            0,
-            0x80000000,
-            0x7F800000,
-            0xFF800000,
-            0x7FC00000,
-            0x00000001,
-            0x007FFFFF,
-            0x42B17218,
-            0x42B17217,
-            0xC2D00000,
-            0xC2CFFFFF,
-            0x3F800000,
-        ],
-        dtype=np.uint32,
-    )
-    return np.concatenate([bits, specials])
-
-
-def test_exp_within_one_ulp_of_torch_over_the_fp32_range():
-    x = _fp32_bit_sample(1031).view(np.float32)
-    out = np.empty_like(x)
-    _apply_exp(x, out)
-    ref = torch.exp(torch.from_numpy(x)).numpy()
-    assert np.array_equal(np.isnan(out), np.isnan(ref))
-    finite = np.isfinite(ref)
-    assert np.array_equal(out[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])  # +inf
-    assert np.array_equal(np.isinf(out), np.isinf(ref))
-    ulp = np.abs(out[finite].view(np.int32).astype(np.int64) - ref[finite].view(np.int32).astype(np.int64))
-    assert ulp.max() <= 1, f"exp differs by {ulp.max()} ulp at x = {x[finite][ulp.argmax()]!r}"
-
-
-# fp16 twice: the hardware conversions (where the CPU has them, nx.HW_HALF) and the integer fallback.
-_KINDS_16 = [(torch.bfloat16, nx.BF16), (torch.float16, nx.FP16), (torch.float16, nx.FP16_SOFT)]
-
-
-@pytest.mark.parametrize(("dtype", "kind"), _KINDS_16, ids=["bf16", "fp16", "fp16-soft"])
-def test_widen_is_exact_for_every_16_bit_pattern(dtype, kind):
-    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    out = np.empty(bits.shape, np.float32)
-    _apply_widen(bits, kind, out)
-    expected = torch.from_numpy(bits.copy()).view(dtype).float()
-    assert_exact(torch.from_numpy(out), expected, f"widen {dtype}")
-
-
-@pytest.mark.parametrize(("dtype", "kind"), _KINDS_16, ids=["bf16", "fp16", "fp16-soft"])
-def test_narrow_matches_torch_rounding(dtype, kind):
-    rng = np.random.default_rng(0)
-    ties = (rng.integers(0, 1 << 16, 20_000, dtype=np.uint32) << 16) | (1 << 15)  # bf16 ties
-    fp16_edges = np.array([65504, 65519.996, 65520, 65536, 2.0**-24, 2.0**-25, 3 * 2.0**-26], np.float32)
-    values = np.concatenate([_fp32_bit_sample(4099), ties.astype(np.uint32)]).view(np.float32)
-    values = np.concatenate([values, fp16_edges, -fp16_edges])
-    out = np.empty(values.shape, np.uint32)
-    _apply_narrow(values, kind, out)
-    actual = torch.from_numpy(out.astype(np.uint16)).view(dtype)
-    assert_exact(actual, torch.from_numpy(values).to(dtype), f"narrow to {dtype}")
-
-
-@pytest.mark.parametrize("fmt", [mx.E4M3FN, mx.E5M2], ids=lambda f: f.name)
-@pytest.mark.parametrize("scale_alg", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_scales_and_codes_bit_exact_with_mx(fmt, scale_alg, dtype):
-    """Every 16-bit magnitude as a block amax; each block holds values at and below it (mx.py is the rule)."""
-    amax16 = torch.arange(0x8000, dtype=torch.int32).to(torch.int16).view(dtype)
-    amax = amax16.float()
-    fractions = torch.tensor([1.0, -1.0, 0.75, -0.5, 0.3, 1e-3, 2.0**-20, 0.0, -0.0])
-    values = (amax[:, None] * fractions).to(dtype)  # 16-bit values, as the kernels see them
-    values[:, 0] = amax16
-    amax_bits = mx.amax_bits(values, dim=1)
-    codes = np.empty(amax.shape[0], np.uint32)
-    out = np.empty(values.shape, np.uint32)
-    emin = 1 - fmt.bias
-    _apply_quantize(
-        amax_bits.numpy().astype(np.uint32),
-        values.float().numpy(),
-        scale_alg,
-        fmt.emax,
-        np.uint32(fmt.inv_max_bits).view(np.float32),
-        fmt.mbits,
-        fmt.bias,
-        fmt.max_code,
-        (emin - fmt.mbits + 150) << 23,
-        codes,
-        out,
-    )
-    expected_y, expected_codes = mx.quantize_blocks(values, 1, fmt, scale_alg)
-    assert torch.equal(torch.from_numpy(codes.astype(np.int64)), expected_codes)
-    assert torch.equal(torch.from_numpy(out.astype(np.uint8)), expected_y)
+def test_sigmoid_table_is_within_two_ulp_of_the_sigmoid_with_a_correctly_rounded_exp(dtype):
+    """The kernels' exp: 1 / (1 + exp(-a)) in fp32 for every 16-bit input, against the same fp32 formula
+    with a correctly rounded exp (float64 exp rounded to fp32; exp(-a) overflows to inf past 88.72, as in
+    the reference)."""
+    table = cpu_backend.act_table(LIB.SWIGLU_ACT_SIGMOID, dtype)
+    a = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    e = torch.exp(-a.double()).float()  # correctly rounded (overflow to inf)
+    want = 1.0 / (1.0 + e)
+    finite = torch.isfinite(a)
+    assert int(_ulps(table[finite], want[finite]).max()) <= 2  # exp within 1 ulp, then 1 / (1 + e)
+    assert torch.isnan(table[torch.isnan(a)]).all()
+    assert float(table[a == float("inf")]) == 1.0 and float(table[a == -float("inf")]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kind", "alpha", "limit"),
+    [
+        ("SIGMOID", 1.0, float("inf")),
+        ("SIGMOID", 1.0, 7.0),
+        ("GLU", 1.0, float("inf")),
+        ("GLU", 1.702, 7.0),
+        ("GLU_SIG", 1.702, 7.0),
+        ("GLU_SIG", 2.5, float("inf")),
+        ("SILU_MIN", 1.0, 7.0),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_activation_tables_are_identical_on_every_instruction_set(kind, alpha, limit, dtype):
+    code = getattr(LIB, f"SWIGLU_ACT_{kind}")
+    tables = {isa: cpu_backend.act_table(code, dtype, alpha, limit, isa=isa) for isa in ISAS}
+    for isa, table in tables.items():
+        assert_bitwise_equal(table, tables["portable"], f"{kind} table, {isa}")
 
 
 # ----------------------------------------------------------------------------- against the reference
@@ -204,18 +133,19 @@ def _check_group_grad(dy, x, weight, y_origin, group_index, clamp):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("clamp", [0.0, 2.5, float("inf")])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_group_grad_matches_reference(dtype, clamp, weighted, cpu_kernels):
+def test_group_grad_matches_reference(dtype, clamp, weighted, isa):
     dy, x, weight, y_origin = _group_grad_inputs((97, 300), dtype, seed=1, weighted=weighted)
     _check_group_grad(dy, x, weight, y_origin, torch.tensor([40, 31]), clamp)
 
 
-@pytest.mark.parametrize("shape", [(3, 5, 1), (2, 33, 17), (40, 1000)], ids=str)
-def test_group_grad_shapes_rank3_and_odd_hidden(shape, cpu_kernels):
+@pytest.mark.parametrize("shape", [(3, 5, 1), (2, 33, 17), (40, 1000), (2, 5000)], ids=str)
+def test_group_grad_shapes_rank3_odd_hidden_and_long_rows(shape, isa):
+    """(2, 5000): two rows, cut into chunks of pairs so that every thread gets work."""
     dy, x, weight, y_origin = _group_grad_inputs(shape, torch.bfloat16, seed=2, weighted=True)
     _check_group_grad(dy, x, weight, y_origin, None, 7.0)
 
 
-def test_group_grad_fp16_overflow_becomes_inf(cpu_kernels):
+def test_group_grad_fp16_overflow_becomes_inf(isa):
     dy, x, _, _ = _group_grad_inputs((64, 128), torch.float16, seed=3, weighted=False, specials=False)
     dy = dy * 300  # |dg| = |dy * silu'(g) * u| reaches well past 65504
     x[:, 128:] = x[:, 128:] * 100
@@ -247,7 +177,7 @@ RAGGED_GROUPS = [[0, 5, 5, 70, 133, 200, 261, 300], [64, 128, 128, 300], [300]]
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("ends", RAGGED_GROUPS, ids=lambda e: f"G{len(e)}")
-def test_mx_quant_ragged_groups_match_reference(dtype, ends, cpu_kernels):
+def test_mx_quant_ragged_groups_match_reference(dtype, ends, isa):
     x, dy = _mx_inputs((300, 640), dtype, seed=4)  # 320 columns per half: a partial column chunk
     _check_mx(x, dy, torch.tensor(ends))
 
@@ -255,7 +185,7 @@ def test_mx_quant_ragged_groups_match_reference(dtype, ends, cpu_kernels):
 @pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("scale_alg", [0, 1])
 @pytest.mark.parametrize("activate_left", [True, False])
-def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left, cpu_kernels):
+def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left, isa):
     x, dy = _mx_inputs((100, 192), torch.bfloat16, seed=5)
     _check_mx(
         x, dy, torch.tensor([33, 100]), dst_dtype=dst_dtype, scale_alg=scale_alg, activate_left=activate_left
@@ -263,12 +193,12 @@ def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left, c
 
 
 @pytest.mark.parametrize("shape", [(3, 70, 128), (2, 2, 33, 64), (1, 64)], ids=str)
-def test_mx_quant_batched_matches_reference(shape, cpu_kernels):
+def test_mx_quant_batched_matches_reference(shape, isa):
     x, dy = _mx_inputs(shape, torch.float16, seed=6)
     _check_mx(x, dy)
 
 
-def test_mx_quant_fp16_overflow_gives_nan_blocks(cpu_kernels):
+def test_mx_quant_fp16_overflow_gives_nan_blocks(isa):
     x, dy = _mx_inputs((64, 128), torch.float16, seed=7, specials=False)
     dy = dy * 3e4  # gradients beyond 65504 round to inf: their blocks get scale 0xFF and codes 0
     y1, s1, _, s2 = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, backend="cpu")
@@ -278,7 +208,7 @@ def test_mx_quant_fp16_overflow_gives_nan_blocks(cpu_kernels):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype, cpu_kernels):
+def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype, isa):
     """With a stage-1 gradient that is exact (no exp rounding involved), every code must be identical."""
     gen = torch.Generator().manual_seed(8)
     values = torch.randn(130, 96, generator=gen) * 2.0 ** torch.randint(-12, 6, (130, 96), generator=gen)
@@ -292,171 +222,240 @@ def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype, cpu_kern
             assert_exact(a, e, name)
 
 
-# ------------------------------------------------------------------------- C kernels against Numba
+GPT_OSS = GluParams(interleaved=True, clipped=True, alpha=1.702, limit=7.0, bias=1.0)
 
 
-def _assert_bits_equal_but_nan_payloads(actual, expected):
-    """Bit-identical, except that a NaN may carry another sign or payload: which NaN operand an x86
-    instruction propagates depends on operand order, and both compilers commute multiplications freely
-    (fp16 outputs keep the NaN's sign; bf16 ones are canonical). The contract compares NaN as NaN."""
-    both_nan = actual.isnan() & expected.isnan()
-    assert_bitwise_equal(actual.masked_fill(both_nan, 0), expected.masked_fill(both_nan, 0))
+@pytest.mark.parametrize(
+    "glu", [GPT_OSS, GluParams(interleaved=True), GluParams(clipped=True, alpha=1.702, limit=7.0, bias=1.0)]
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mx_backward_gpt_oss_stage1_matches_reference(glu, dtype, isa):
+    """The GLU family's other members through the kernel contract: interleaved and/or clipped stage 1."""
+    x, dy = _mx_inputs((70, 128), dtype, seed=11)
+    x[0, :8] = torch.tensor([7.0, 7.0, -7.0, 7.0, 7.0, -7.0, 7.5, -7.5]).to(dtype)  # on and past the limit
+    ends = torch.tensor([20, 20, 70])
+    outs = []
+    for backend in (cpu_backend, reference):
+        y1, y2 = torch.empty(1, 70, 128, dtype=torch.uint8), torch.empty(1, 70, 128, dtype=torch.uint8)
+        s1, s2 = torch.empty(1, 70, 4, dtype=torch.uint8), torch.zeros(1, 4, 128, 2, dtype=torch.uint8)
+        backend.swiglu_bwd_mx_quant(x[None], dy[None], ends, glu, 1, swiglu_ops.mx.E4M3FN, y1, s1, y2, s2)
+        outs.append((y1, s1, y2, s2))
+    assert_mx_matches(*outs, "cpu")  # codes and scale codes as raw bytes: near ties only
 
 
-def _both_kernels(monkeypatch, op, *args, **kwargs):
-    """``op(*args, backend="cpu", **kwargs)`` with the C kernels, then with the Numba kernels."""
-    if _native.LIB is None:
-        if not _native.host_supported():
-            pytest.skip("this CPU has no AVX-512: the cpu backend runs its Numba kernels only")
-        pytest.fail("the CPU has AVX-512 but swiglu_ops.cpu._simd is not built or is stale: pip install -e .")
-    simd = op(*args, backend="cpu", **kwargs)
-    with monkeypatch.context() as m:
-        m.setattr(_native, "LIB", None)
-        return simd, op(*args, backend="cpu", **kwargs)
+# ------------------------------------------------------------- every instruction set, bit for bit
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("clamp", [0.0, 1.5, float("inf")])
-def test_simd_group_grad_bit_identical_to_numba_over_awkward_sizes(dtype, clamp, monkeypatch):
-    """Every hidden size from 1 to 40 (vector tails, pairwise leaves under 8), then the sizes where the
-    pairwise tree splits (128, 129, 136, 1000), with specials, weights, masked rows and rank 3."""
-    for hidden in [*range(1, 41), 127, 128, 129, 136, 1000]:
-        for weighted in (False, True):
-            dy, x, weight, y_origin = _group_grad_inputs(
-                (2, 9, hidden), dtype, seed=hidden, weighted=weighted
+def _on_every_isa(fn):
+    """``fn()`` with each instruction set's kernels (its results, in ISAS order)."""
+    saved = cpu_backend.LIBRARY.isa_code
+    try:
+        out = []
+        for name in ISAS:
+            _with_isa(name)
+            out.append(fn())
+        return out
+    finally:
+        cpu_backend.LIBRARY.isa_code = saved
+
+
+def _assert_all_equal(results, names):
+    for isa_name, result in zip(ISAS[1:], results[1:], strict=True):
+        for got, want, name in zip(result, results[0], names, strict=True):
+            if want is not None:
+                assert_bitwise_equal(got, want, f"{name} ({isa_name} vs {ISAS[0]})")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("clamp", [0.0, 3.0])
+def test_group_grad_bit_identical_on_every_instruction_set(dtype, clamp):
+    """Hidden sizes 1-40 (every tail length) and the pairwise-sum split sizes, with specials, routing
+    weights, masked rows and gradients in the fp32-subnormal range (which AVX512-BF16's conversion
+    flushes: those vectors must take the integer rounding)."""
+    for hidden in [*range(1, 41), 127, 128, 129, 136, 255, 256, 257, 1000]:
+        dy, x, weight, y_origin = _group_grad_inputs((20, hidden), dtype, seed=hidden, weighted=True)
+        dy[3] = dy[3] * 1e-36  # results below 2**-126
+        args = (dy, x, weight, y_origin, torch.tensor([15]), clamp)
+        results = _on_every_isa(lambda a=args: swiglu_ops.swiglu_group_grad(*a, backend="cpu"))
+        _assert_all_equal(results, ("grad_x", "grad_weight"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mx_quant_bit_identical_on_every_instruction_set(dtype):
+    x, dy = _mx_inputs((101, 640), dtype, seed=12)
+    dy[7] = dy[7] * 1e-36
+    for kwargs in (
+        dict(),
+        dict(scale_alg=0, dst_dtype=torch.float8_e5m2, activate_left=False),
+    ):
+        for ends in (None, torch.tensor([0, 30, 30, 101])):
+            results = _on_every_isa(
+                lambda e=ends, k=kwargs: swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+                    x, dy, e, backend="cpu", **k
+                )
             )
-            simd, numba_out = _both_kernels(
-                monkeypatch,
-                swiglu_ops.swiglu_group_grad,
-                dy,
-                x,
-                weight,
-                y_origin,
-                torch.tensor([7, 4]),
-                clamp,
-            )
-            for a, b in zip(simd, numba_out, strict=True):
-                if a is not None:
-                    _assert_bits_equal_but_nan_payloads(a, b)
+            _assert_all_equal(results, ("y1", "mxscale1", "y2", "mxscale2"))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_simd_mx_quant_bit_identical_to_numba(dtype, monkeypatch):
-    for shape, ends in (((70, 64), [3, 3, 40, 70]), ((2, 33, 1088), None), ((200, 1152), [200])):
-        x, dy = _mx_inputs(shape, dtype, seed=shape[-1])
-        for kwargs in (
-            dict(),
-            dict(activate_left=False, scale_alg=0, dst_dtype=torch.float8_e5m2),
-        ):
-            group_index = None if ends is None else torch.tensor(ends)
-            simd, numba_out = _both_kernels(
-                monkeypatch, swiglu_ops.swiglu_backward_mx_quant_dual_axis, x, dy, group_index, **kwargs
-            )
-            for a, b in zip(simd, numba_out, strict=True):
-                assert_bitwise_equal(a, b)
+# ---------------------------------------------------------------------------- threads and processes
 
 
-def test_simd_sigmoid_table_is_the_numba_sigmoid():
-    """The C kernels read sigmoid_f32 from a table: spot-check entries against the scalar function."""
-    for kind, dtype in ((nx.BF16, torch.bfloat16), (nx.FP16, torch.float16)):
-        table = _native.sigmoid_table(kind)
-        bits = np.arange(1 << 16, dtype=np.uint16)
-        values = torch.from_numpy(bits.view(np.int16)).view(dtype).float().numpy()
-        for i in np.random.default_rng(0).integers(0, 1 << 16, 200).tolist() + [0x7F80, 0xFF80, 0x7FC0, 0]:
-            expected = _native.sigmoid_scalar(np.float32(values[i]))
-            assert table[i].view(np.uint32) == np.float32(expected).view(np.uint32) or (
-                np.isnan(table[i]) and np.isnan(expected)
-            )
+def _both_ops_inputs(seed: int = 9):
+    gg = _group_grad_inputs((333, 520), torch.bfloat16, seed=seed, weighted=True)
+    return gg, _mx_inputs((333, 1024), torch.bfloat16, seed=seed)
 
 
-_BUILD_PROBE = """
-import sys, torch, swiglu_ops
-from swiglu_ops.cpu import _native
-g = torch.Generator().manual_seed(3)
-out = {"build": _native.BUILD}
-for dtype in (torch.bfloat16, torch.float16):
-    x = torch.randn(64, 256, generator=g) * 3
-    dy = torch.randn(64, 128, generator=g)
-    dy[:16] *= 1e-38  # fp32-subnormal gradients: the bf16 rounding's rare path
-    flat = x.view(-1)
-    flat[torch.randint(0, flat.numel(), (200,), generator=g)] = float("nan")
-    flat[torch.randint(0, flat.numel(), (200,), generator=g)] = float("inf")
-    x, dy = x.to(dtype), dy.to(dtype)
-    w, yo = torch.rand(64, generator=g), torch.randn(64, 128, generator=g).to(dtype)
-    out[str(dtype)] = (
-        swiglu_ops.swiglu_group_grad(dy, x, w, yo, torch.tensor([60]), 5.0, backend="cpu"),
-        swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, torch.tensor([20, 64]), backend="cpu"),
+def _both_ops(inputs=None):
+    (dy, x, weight, y_origin), (mx_x, mx_dy) = inputs or _both_ops_inputs()
+    gg = swiglu_ops.swiglu_group_grad(dy, x, weight, y_origin, torch.tensor([300]), 3.0, backend="cpu")
+    ends = torch.tensor([17, 100, 100, 333])
+    return (*gg, *swiglu_ops.swiglu_backward_mx_quant_dual_axis(mx_x, mx_dy, ends, backend="cpu"))
+
+
+_NAMES = ("grad_x", "grad_weight", "y1", "mxscale1", "y2", "mxscale2")
+
+
+def test_bitwise_identical_for_any_thread_count():
+    saved = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3, 8):
+            torch.set_num_threads(n)
+            results.append(_both_ops())
+    finally:
+        torch.set_num_threads(saved)
+    for other in results[1:]:
+        for a, b, name in zip(other, results[0], _NAMES, strict=True):
+            assert_bitwise_equal(a, b, name)
+
+
+def test_eight_python_threads_at_once_give_the_single_thread_results():
+    """Callers share the C library's thread pool: one job runs on it, the others run alone meanwhile."""
+    want = _both_ops()
+    got: list = [None] * 8
+    errors: list = []
+
+    def run(i):
+        try:
+            for _ in range(3):
+                got[i] = _both_ops()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    for result in got:
+        for a, b, name in zip(result, want, _NAMES, strict=True):
+            assert_bitwise_equal(a, b, name)
+
+
+def _digest(results) -> list[bytes]:
+    return [t.contiguous().view(torch.uint8).numpy().tobytes() for t in results]
+
+
+def _child_ops(inputs, queue) -> None:
+    # PyTorch's own OpenMP cannot be used after fork (its thread team is gone), so the child makes no torch
+    # call that would start one: its inputs come from the parent. The operators then run on 4 threads of
+    # the library's pool, which the child must start anew.
+    torch.set_num_threads(4)
+    queue.put(_digest(_both_ops(inputs)))
+
+
+def test_a_forked_child_runs_both_operators_on_its_own_threads_after_the_parent_did():
+    inputs = _both_ops_inputs()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(4)  # the parent's pool has threads at fork time
+    try:
+        want = _digest(_both_ops(inputs))
+    finally:
+        torch.set_num_threads(saved)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_ops, args=(inputs, queue))
+    child.start()
+    got = queue.get(timeout=300)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and got == want
+
+
+class _OpsDataset(torch.utils.data.Dataset):
+    def __init__(self):
+        self.inputs = [_both_ops_inputs(seed=i) for i in range(4)]
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.cat([t.reshape(-1).view(torch.uint8) for t in _both_ops(self.inputs[i])])
+
+
+def test_dataloader_fork_workers_call_both_operators():
+    dataset = _OpsDataset()
+    want = [dataset[i] for i in range(4)]  # the parent used the backend before the workers fork
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=300
     )
-torch.save(out, sys.argv[1])
+    got = list(loader)
+    assert len(got) == 4 and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+# ------------------------------------------------------------------------------ build and fallbacks
+
+
+def test_a_library_built_from_other_sources_is_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(_loader, "source_hash", lambda folder=None: "0" * 16)
+    stale = _loader.load()
+    assert stale.lib is None and "pip install -e ." in stale.why
+
+
+def test_without_the_library_cpu_says_why_and_auto_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(_loader.importlib.util, "find_spec", lambda name: None)
+    missing = _loader.load()
+    assert missing.lib is None and "C compiler" in missing.why
+    monkeypatch.setattr(cpu_backend, "LIBRARY", missing)
+    monkeypatch.setattr(_api, "_WARNED", set())
+    dy, x, _, _ = _group_grad_inputs((4, 8), torch.float32, seed=0, weighted=False)
+    with pytest.raises(ValueError, match="C compiler"):
+        swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")
+    with pytest.warns(RuntimeWarning, match="reference backend .* C compiler"):
+        got = swiglu_ops.swiglu_group_grad(dy, x)
+    assert_exact(got[0], swiglu_ops.swiglu_group_grad(dy, x, backend="reference")[0], "grad_x")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        swiglu_ops.swiglu_group_grad(dy, x)
+
+
+_PROBE = """
+import sys, torch, swiglu_ops
+from swiglu_ops import cpu
+x = torch.randn(64, 128).bfloat16(); dy = torch.randn(64, 64).bfloat16()
+swiglu_ops.swiglu_group_grad(dy, x)
+swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy)
+print(cpu.LIBRARY.isa or "-", cpu.LIBRARY.why.replace(" ", "_") or "-", "numba" in sys.modules)
 """
 
 
-def test_the_avx512_bf16_build_matches_the_plain_avx512_build(tmp_path):
-    """The _simd_bf16 build rounds bf16 with vcvtneps2bf16 and falls back to the integer rounding for NaN
-    and fp32-subnormal lanes; the plain build always rounds in integers. Same bits, both kernels."""
-    import os
-    import subprocess
-    import sys
-
-    if not _native.host_supported("_simd_bf16"):
-        pytest.skip("this CPU has no AVX512-BF16: only the plain AVX-512 build runs here")
-    results = {}
-    for choice in ("1", "avx512"):
-        path = tmp_path / f"{choice}.pt"
-        env = {**os.environ, "SWIGLU_OPS_CPU_SIMD": choice}
-        subprocess.run([sys.executable, "-c", _BUILD_PROBE, str(path)], env=env, check=True)
-        results[choice] = torch.load(path)
-    assert (results["1"]["build"], results["avx512"]["build"]) == ("_simd_bf16", "_simd")
-    for dtype in ("torch.bfloat16", "torch.float16"):
-        (gg_a, mx_a), (gg_b, mx_b) = results["1"][dtype], results["avx512"][dtype]
-        for a, b in zip(gg_a, gg_b, strict=True):
-            _assert_bits_equal_but_nan_payloads(a, b)
-        for a, b in zip(mx_a, mx_b, strict=True):
-            assert_bitwise_equal(a, b)
-    grad_x = results["1"]["torch.bfloat16"][0][0]
-    assert (grad_x[:16] != 0).any() and (grad_x[:16].abs() < 2.0**-126).any()  # the subnormal path ran
+@pytest.mark.parametrize("choice", ["auto", "portable", "avx512", "nonsense"])
+def test_swiglu_ops_cpu_simd_chooses_the_instruction_set_and_numba_is_never_imported(choice):
+    env = {**os.environ, "SWIGLU_OPS_CPU_SIMD": choice}
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True)
+    isa_name, why, numba_loaded = out.stdout.split()
+    assert numba_loaded == "False"
+    if choice == "nonsense":  # the backend is unavailable and says why; auto ran the reference
+        assert isa_name == "-" and why.startswith("ValueError") and "SWIGLU_OPS_CPU_SIMD" in why
+    elif choice == "auto":
+        assert isa_name == ISAS[0]
+    elif choice in ISAS:
+        assert isa_name == choice
 
 
-def test_stale_simd_build_falls_back_to_numba_with_a_warning(monkeypatch):
-    """An editable install whose _simd.c changed since the build must not run the old C code."""
-    if not _native.host_supported() or _native.LIB is None:
-        pytest.skip("needs the built library on an AVX-512 CPU")
-    monkeypatch.setattr(_native, "source_hash", lambda path: "0" * 16)
-    with pytest.warns(RuntimeWarning, match="another version of _simd.c"):
-        assert _native._load(("_simd",)) == (None, "")
-
-
-# ---------------------------------------------------------------------------------------- determinism
-
-
-@contextlib.contextmanager
-def _numba_threads(n: int):
-    saved = numba.get_num_threads()
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
-
-
-def test_bitwise_identical_for_any_thread_count(cpu_kernels):
-    dy, x, weight, y_origin = _group_grad_inputs((333, 520), torch.bfloat16, seed=9, weighted=True)
-    mx_x, mx_dy = _mx_inputs((333, 1024), torch.bfloat16, seed=9)
-    ends = torch.tensor([17, 100, 100, 250, 333])
-    results = []
-    for n in sorted({1, 2, 3, numba.config.NUMBA_NUM_THREADS}):
-        with _numba_threads(n):
-            gg = swiglu_ops.swiglu_group_grad(
-                dy, x, weight, y_origin, torch.tensor([300]), 3.0, backend="cpu"
-            )
-            q = swiglu_ops.swiglu_backward_mx_quant_dual_axis(mx_x, mx_dy, ends, backend="cpu")
-            results.append((*gg, *q))
-    for other in results[1:]:
-        for a, b in zip(results[0], other, strict=True):
-            assert_bitwise_equal(b, a)
-
-
-# -------------------------------------------------------------------------------- beyond 2**31 elements
+# ------------------------------------------------------------------------------ beyond 2**31 elements
 
 
 #: Rows of the repeated random tile; coprime with the row offsets of 2**31 elements (2**31 / cols), so an
@@ -473,16 +472,13 @@ def _fill_tiled(t: torch.Tensor, gen: torch.Generator) -> None:
 
 
 @pytest.mark.slow
-def test_group_grad_beyond_2_pow_31_elements(cpu_kernels):
+def test_group_grad_beyond_2_pow_31_elements():
     """x has more than 2**31 elements (bf16, ~4.3 GB; ~11 GB in all): rows sampled across the whole range,
     including the last ones, must match the reference computed on those rows alone."""
     hidden = 2048
     rows = (1 << 31) // (2 * hidden) + 3
-    try:
-        x = torch.empty(rows, 2 * hidden, dtype=torch.bfloat16)
-        dy = torch.empty(rows, hidden, dtype=torch.bfloat16)
-    except RuntimeError as exc:  # pragma: no cover - machines without the memory
-        pytest.skip(f"not enough memory: {exc}")
+    x = torch.empty(rows, 2 * hidden, dtype=torch.bfloat16)
+    dy = torch.empty(rows, hidden, dtype=torch.bfloat16)
     assert x.numel() > 1 << 31
     gen = torch.Generator().manual_seed(10)
     _fill_tiled(x, gen)
@@ -508,7 +504,7 @@ def test_benchmark_quick_mode_writes_results(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "swiglu_group_grad" in table and "swiglu_bwd_mx_quant" in table
     results = json.loads((tmp_path / "bench_cpu.json").read_text())["results"]
-    assert {r["op"] for r in results} == {"swiglu_group_grad", "swiglu_bwd_mx_quant"}
+    assert {"swiglu_group_grad", "swiglu_bwd_mx_quant"} <= {r["op"] for r in results}
     assert all(r["fused_ms"] > 0 and r["copy_ms"] > 0 for r in results)
     assert (tmp_path / "bench_cpu.csv").read_text().count("\n") == len(results) + 1
 
@@ -535,14 +531,10 @@ def test_benchmark_reports_a_failing_compiled_baseline_instead_of_aborting(monke
 
 
 def _cache(max_mb: int = 64):
-    from swiglu_ops.cpu import OutputCache
-
-    return OutputCache(max_bytes=max_mb << 20, min_bytes=1 << 20)
+    return cpu_backend.OutputCache(max_bytes=max_mb << 20, min_bytes=1 << 20)
 
 
 def test_output_cache_reuses_the_memory_of_freed_outputs_only():
-    import gc
-
     cache = _cache()
     first = cache.empty((1024, 1024), torch.bfloat16)
     assert first.shape == (1024, 1024) and first.dtype == torch.bfloat16 and first.is_contiguous()
@@ -565,8 +557,6 @@ def test_output_cache_reuses_the_memory_of_freed_outputs_only():
 
 
 def test_output_cache_keeps_at_most_max_bytes_and_leaves_small_requests_to_torch():
-    import gc
-
     cache = _cache(max_mb=3)
     outs = [cache.empty((1 << 20,), torch.uint8) for _ in range(5)]
     del outs
@@ -585,13 +575,47 @@ def test_output_cache_keeps_at_most_max_bytes_and_leaves_small_requests_to_torch
     assert off.free_bytes == 0
 
 
+class _LockThatCollects:
+    """The cache's lock, with a garbage collection right after every acquisition: a collection can run at
+    any allocation, also while the cache holds its lock, and run the finalizers of freed outputs there."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        self._lock.acquire()
+        gc.collect()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_output_cache_survives_garbage_collection_inside_its_own_calls():
+    """A finalizer that takes the cache's (non-reentrant) lock hangs forever when the collection that runs
+    it happens under that lock (the cache once did this): outputs freed by the cyclic collector only."""
+    cache = _cache(max_mb=1)
+    cache._lock = _LockThatCollects()
+
+    def churn():
+        for _ in range(50):
+            a = cache.empty((1 << 20,), torch.uint8)
+            holder = {"tensor": a}
+            holder["self"] = holder  # only the cyclic collector frees it
+            del a, holder
+            cache.empty((1 << 20,), torch.uint8)
+
+    worker = threading.Thread(target=churn, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the output cache deadlocked"
+    gc.collect()
+    assert cache.free_bytes == 1 << 20
+
+
 def test_ops_as_called_reuse_freed_outputs_and_stay_correct(monkeypatch):
     """Two calls with the first result freed in between: the second writes into recycled memory (which
     held the first call's values) and must still equal the reference everywhere, mxscale2's zero rows too."""
-    import gc
-
-    from swiglu_ops import cpu as cpu_backend
-
     monkeypatch.setattr(cpu_backend.OUTPUT_CACHE, "min_bytes", 1 << 16)  # cache this test's small outputs
 
     gen = torch.Generator().manual_seed(3)
@@ -619,54 +643,3 @@ def test_ops_as_called_reuse_freed_outputs_and_stay_correct(monkeypatch):
         )
     live = [swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")[0] for _ in range(2)]
     assert live[0].data_ptr() != live[1].data_ptr()
-
-
-_CACHE_PROBE = """
-import torch, swiglu_ops
-from swiglu_ops import mx
-from swiglu_ops.cpu import _mx_quant, _native, _numerics as nx
-x = torch.randn(64, 128).to(torch.bfloat16)
-swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, x[:, :64].contiguous(), backend="cpu")
-kernel = _mx_quant.mx_quant_kernel(nx.BF16, mx.E4M3FN, _native.available(nx.BF16))
-print(sum(kernel.stats.cache_hits.values()))
-"""
-
-
-def test_a_second_process_loads_the_kernels_from_the_disk_cache(tmp_path):
-    """First-call latency rests on Numba's disk cache: a fresh interpreter must hit it. (It once did not:
-    a dispatcher captured in the kernel's closure pickles with a per-process id into the cache key.)"""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True, text=True, check=True
-        )
-        for _ in range(2)
-    ]
-    assert int(runs[0].stdout.split()[-1]) == 0  # compiled
-    assert int(runs[1].stdout.split()[-1]) >= 1, runs[1].stdout + runs[1].stderr  # loaded
-
-
-def test_kernels_cache_key_follows_every_cpu_source_file():
-    """Numba's disk cache checks only the kernel's own file; the helpers in _numerics.py are inlined into
-    the kernels, so each kernel captures a hash of all the backend's sources as a closure constant (part
-    of Numba's cache key): editing any of them recompiles instead of loading a stale kernel."""
-    import hashlib
-    from pathlib import Path
-
-    from swiglu_ops.cpu import _group_grad, _mx_quant
-
-    files = sorted(Path(nx.__file__).parent.glob("*.py"))
-    assert {f.name for f in files} >= {"_numerics.py", "_group_grad.py", "_mx_quant.py"}
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).digest()[:7]
-    assert nx.SOURCE_TAG == int.from_bytes(digest, "little")
-    for kernel in (
-        _group_grad.group_grad_kernel(nx.BF16, True),
-        _mx_quant.mx_quant_kernel(nx.BF16, mx.E4M3FN, False),
-        *_native._sigmoid_kernels(),  # the C kernels' sigmoid table is computed by Numba too
-    ):
-        cells = dict(zip(kernel.py_func.__code__.co_freevars, kernel.py_func.__closure__, strict=True))
-        assert cells["source_tag"].cell_contents == nx.SOURCE_TAG

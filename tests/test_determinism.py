@@ -14,25 +14,16 @@ import swiglu_ops
 
 @contextlib.contextmanager
 def threads(n: int):
-    """Run with ``n`` torch threads and, when numba is importable, ``n`` numba threads."""
-    saved_torch = torch.get_num_threads()
-    try:
-        import numba
-    except ImportError:
-        numba = None
-    saved_numba = numba.get_num_threads() if numba else None
+    """Run with ``n`` torch threads (the cpu backend's thread count too)."""
+    saved = torch.get_num_threads()
     torch.set_num_threads(n)
-    if numba:
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     try:
         yield
     finally:
-        torch.set_num_threads(saved_torch)
-        if numba:
-            numba.set_num_threads(saved_numba)
+        torch.set_num_threads(saved)
 
 
-THREAD_COUNTS = sorted({1, 2, os.cpu_count() or 1})
+THREAD_COUNTS = sorted({1, 2, 3, os.cpu_count() or 1})
 
 
 def inputs(seed: int, rows: int = 70, hidden: int = 160):

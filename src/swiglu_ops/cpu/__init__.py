@@ -1,29 +1,158 @@
-"""The ``cpu`` backend: fused kernels for CPU tensors, parallel over all cores.
+"""The ``cpu`` backend: fused C kernels for CPU tensors, one pass over memory, all cores.
 
-Each operator is one pass over memory (read the inputs once, write the outputs once); see
-``docs/cpu_backend.md`` for the design, the measurements and the choice of technology. The Numba kernels
-(``_group_grad``, ``_mx_quant``) run every dtype on every CPU; they are compiled on first use for each dtype
-and cached on disk next to this package (or in ``NUMBA_CACHE_DIR``). On CPUs with AVX-512, 16-bit dtypes go
-to the C kernels of ``_simd.c`` (``_native``), which give bit-identical results faster.
+Every operator is one C entry point (``csrc/swiglu_cpu.h``) that owns its arguments, threads and task
+loop; this module only fills the entry point's argument struct from the kernel contract of
+:mod:`swiglu_ops._api` and calls it (``_loader`` loads the library and picks the instruction set). The
+design, the measurements and the numbers are in ``docs/cpu_backend.md``.
+
+Threads: ``torch.get_num_threads()`` at the time of the call (``torch.set_num_threads`` changes it). The
+results do not depend on it.
+
+Outputs: operators called without ``out=`` get their outputs from :data:`OUTPUT_CACHE`, which reuses the
+memory of freed outputs (the CPU counterpart of PyTorch's CUDA caching allocator; see :class:`OutputCache`).
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
+import math
 import os
+import sys
+import threading
+import weakref
 
 import numpy as np
 import torch
 
-from .. import mx
-from . import _native, _numerics
-from ._group_grad import group_grad_kernel, pairwise_plan
-from ._memory import OutputCache, cache_bytes_from_env
-from ._mx_quant import mx_quant_kernel, row_blocks
+from ..glu import GluParams
+from . import _loader
 
 NAME = "cpu"
 
-_KINDS = {torch.bfloat16: _numerics.BF16, torch.float16: _numerics.FP16, torch.float32: _numerics.FP32}
-_STORAGE = {torch.bfloat16: torch.uint16, torch.float16: torch.uint16, torch.float32: torch.uint32}
+#: The C library (``LIBRARY.lib`` is None when it is unavailable, ``LIBRARY.why`` says why).
+LIBRARY = _loader.load()
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+_HUGE_PAGE = 1 << 21
+_MADV_HUGEPAGE = 14
+
+
+def _load_madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_madvise = _load_madvise()
+
+
+def _advise_huge_pages(t: torch.Tensor) -> None:
+    """Ask for transparent huge pages over the 2 MiB-aligned interior of a fresh buffer (best effort): its
+    first writes then fault once per 2 MiB instead of once per 4 KiB."""
+    start = (t.data_ptr() + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+    end = (t.data_ptr() + t.numel() * t.element_size()) & ~(_HUGE_PAGE - 1)
+    if _madvise is not None and end > start:
+        _madvise(start, end - start, _MADV_HUGEPAGE)  # failure only means no huge pages
+
+
+class OutputCache:
+    """Reuses the memory of freed large outputs, as PyTorch's CUDA caching allocator does on the GPU.
+
+    A large ``torch.empty`` is fresh ``mmap`` memory whose every page faults on first write (glibc never
+    keeps allocations above 32 MiB around), so an operator that allocates its outputs would pay for those
+    faults on every call: measured at M=8192, 2H=4096 bf16 in ``docs/cpu_backend.md``, they cost more than
+    huge-page advice saves. :meth:`empty` hands out tensors over NumPy buffers, notices (a weakref finalizer
+    on a per-tensor array object) when the tensor and all its views are gone, and keeps the buffer for the
+    next request of the same size, already mapped. At most ``max_bytes`` of *free* buffers are kept (oldest
+    dropped first); buffers in use are never counted or touched. Small requests go to ``torch.empty``.
+
+    A finalizer may run inside garbage collection, at any allocation, also while this cache holds its lock:
+    it therefore never takes the lock, it only appends the buffer to a queue, which the next call under the
+    lock empties.
+    """
+
+    def __init__(self, max_bytes: int, min_bytes: int = 4 * _HUGE_PAGE):
+        self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._order: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()  # oldest first
+        self._free_bytes = 0
+        self._released: collections.deque[np.ndarray] = collections.deque()  # from finalizers, lock-free
+        self._lock = threading.Lock()
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes held in free buffers, ready for reuse."""
+        with self._lock:
+            self._collect()
+            return self._free_bytes
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous CPU tensor, from a cached buffer when one of its size is free."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.min_bytes:
+            return torch.empty(shape, dtype=dtype)
+        if self.max_bytes <= 0:  # cache off: fresh memory every time, at least in huge pages
+            out = torch.empty(shape, dtype=dtype)
+            _advise_huge_pages(out)
+            return out
+        buf = None
+        with self._lock:
+            self._collect()
+            bufs = self._free.get(nbytes)
+            if bufs:
+                buf = bufs.pop()
+                del self._order[id(buf)]
+                self._free_bytes -= nbytes
+        if buf is None:
+            buf = np.empty(nbytes, dtype=np.uint8)
+            _advise_huge_pages(torch.from_numpy(buf))
+        handle = buf[:]  # its own array object: finalised when the last tensor over it is freed
+        weakref.finalize(handle, self._released.append, buf)
+        return torch.from_numpy(handle).view(dtype).view(shape)
+
+    def _collect(self) -> None:
+        """Move released buffers to the free lists, dropping the oldest beyond ``max_bytes`` (lock held)."""
+        while self._released:
+            buf = self._released.popleft()
+            self._free.setdefault(buf.nbytes, []).append(buf)
+            self._order[id(buf)] = buf
+            self._free_bytes += buf.nbytes
+        while self._free_bytes > self.max_bytes:
+            _, old = self._order.popitem(last=False)
+            same = self._free[old.nbytes]
+            same[:] = [b for b in same if b is not old]  # by identity: == on arrays is elementwise
+            self._free_bytes -= old.nbytes
+
+    def clear(self) -> None:
+        """Drop every free buffer (their memory goes back to the system)."""
+        with self._lock:
+            self._collect()
+            self._free.clear()
+            self._order.clear()
+            self._free_bytes = 0
+
+
+def cache_bytes_from_env(value: str | None) -> int:
+    """The output cache's byte cap from ``SWIGLU_OPS_CPU_CACHE_MB`` (MiB, default 1024, 0 disables)."""
+    if value is None or value.strip() == "":
+        return 1024 << 20
+    try:
+        mib = int(value)
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise ValueError(f"SWIGLU_OPS_CPU_CACHE_MB must be a non-negative integer (MiB), got {value!r}")
+    return mib << 20
 
 
 #: Freed outputs kept for reuse, at most this many MiB of them (``SWIGLU_OPS_CPU_CACHE_MB``, 0 disables).
@@ -40,62 +169,147 @@ def empty_cache() -> None:
     OUTPUT_CACHE.clear()
 
 
+# ------------------------------------------------------------------------------------------ operators
+
+
 def is_available(device) -> tuple[bool, str]:
     if torch.device(device).type != "cpu":
         return False, "the cpu backend runs on CPU tensors only"
+    if LIBRARY.lib is None:
+        return False, LIBRARY.why
     return True, ""
 
 
-def _bits(t: torch.Tensor) -> np.ndarray:
-    """Zero-copy NumPy view of a float tensor's storage bits (uint16 for bf16/fp16, uint32 for fp32)."""
-    return t.view(_STORAGE[t.dtype]).numpy()
+def _dtype(t: torch.Tensor) -> int:
+    lib = LIBRARY.lib
+    return {torch.bfloat16: lib.SWIGLU_BF16, torch.float16: lib.SWIGLU_FP16, torch.float32: lib.SWIGLU_FP32}[
+        t.dtype
+    ]
+
+
+def _ptr(t: torch.Tensor | None, ctype: str = "void *"):
+    return LIBRARY.ffi.NULL if t is None else LIBRARY.ffi.cast(ctype, t.data_ptr())
+
+
+def _fill_glu(dst, glu: GluParams) -> None:
+    dst.interleaved = glu.interleaved
+    dst.a_index = glu.a_index
+    dst.clipped = glu.clipped
+    dst.clamp_mode = glu.clamp_mode
+    dst.alpha = glu.alpha
+    dst.limit = glu.limit
+    dst.bias = glu.bias
+
+
+def _run(entry: str, args) -> None:
+    rc = getattr(LIBRARY.lib, entry)(args, LIBRARY.isa_code, torch.get_num_threads())
+    if rc != 0:  # the contract was checked before: only an allocation can fail here
+        raise MemoryError(f"swiglu_ops cpu backend: {entry} could not allocate its working memory")
+
+
+def _glu_args(op: int, x: torch.Tensor, valid_rows, out: torch.Tensor, dy=None, glu: GluParams | None = None):
+    args = LIBRARY.ffi.new("swiglu_glu_args *")
+    args.op = op
+    args.dtype = _dtype(x)
+    args.rows, args.cols = x.shape
+    args.valid_rows = x.shape[0] if valid_rows is None else int(valid_rows)
+    args.x = _ptr(x)
+    args.dy = _ptr(dy)
+    args.out = _ptr(out)
+    _fill_glu(args.glu, glu or GluParams())
+    return args
 
 
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x/grad_weight."""
-    rows, hidden = dy.shape
-    kind = _KINDS[dy.dtype]
-    valid_rows = rows if valid_rows is None else int(valid_rows)
-    leaves, merges = pairwise_plan(hidden)
-    weighted = None if weight is None else (weight.numpy(), _bits(y_origin), grad_weight.numpy())
-    if _native.available(kind):
-        _native.group_grad(
-            kind, _bits(dy), _bits(x), weighted, valid_rows, clamp, leaves, merges, _bits(grad_x)
-        )
-        return
-    if weighted is None:  # Numba takes empty arrays instead
-        no_weight = np.empty(0, dtype=np.float32)
-        weighted = (no_weight, np.empty((0, hidden), dtype=_bits(dy).dtype), no_weight)
-    weight_np, y_origin_np, grad_weight_np = weighted
-    group_grad_kernel(kind, clamp > 0)(
-        _bits(dy), _bits(x), weight_np, y_origin_np, valid_rows, np.float32(clamp), leaves, merges,
-        _bits(grad_x), grad_weight_np,
-    )  # fmt: skip
+    args = _glu_args(LIBRARY.lib.SWIGLU_OP_GROUP_GRAD, x, valid_rows, grad_x, dy)
+    args.weight = _ptr(weight, "float *")
+    args.y_origin = _ptr(y_origin)
+    args.grad_weight = _ptr(grad_weight, "float *")
+    args.clamp = clamp
+    _run("swiglu_glu_run", args)
 
 
-def swiglu_bwd_mx_quant(x, dy, group_ends, activate_left, scale_alg, fmt, y1, s1, y2, s2) -> None:
+def clipped_swiglu(x, valid_rows, glu, y) -> None:
+    """Backend entry point (see ``swiglu_ops._api``). Writes y (+0.0 on rows past the valid count)."""
+    _run("swiglu_glu_run", _glu_args(LIBRARY.lib.SWIGLU_OP_CLIPPED_FWD, x, valid_rows, y, glu=glu))
+
+
+def clipped_swiglu_grad(dy, x, valid_rows, glu, grad_x) -> None:
+    """Backend entry point (see ``swiglu_ops._api``). Writes grad_x (+0.0 on rows past the valid count)."""
+    _run("swiglu_glu_run", _glu_args(LIBRARY.lib.SWIGLU_OP_CLIPPED_BWD, x, valid_rows, grad_x, dy, glu))
+
+
+def _format(fmt) -> int:
+    lib = LIBRARY.lib
+    codes = {"e4m3fn": lib.SWIGLU_FMT_E4M3, "e5m2": lib.SWIGLU_FMT_E5M2, "e2m1": lib.SWIGLU_FMT_E2M1}
+    codes["e1m2"] = lib.SWIGLU_FMT_E1M2
+    return codes[fmt.name]
+
+
+def _round_mode(round_mode: str) -> int:
+    lib = LIBRARY.lib
+    return {"rint": lib.SWIGLU_ROUND_RINT, "round": lib.SWIGLU_ROUND_ROUND, "floor": lib.SWIGLU_ROUND_FLOOR}[
+        round_mode
+    ]
+
+
+def _mx(backward: bool, x, dy, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2) -> None:
+    args = LIBRARY.ffi.new("swiglu_mx_args *")
+    args.backward = backward
+    args.dtype = _dtype(x)
+    args.batch, args.m, args.cols = x.shape
+    args.n_groups = 0 if group_ends is None else group_ends.numel()
+    args.s2_rows = s2.shape[1]
+    args.x = _ptr(x)
+    args.dy = _ptr(dy)
+    args.group_ends = _ptr(group_ends, "int64_t *")
+    args.y1, args.s1, args.y2, args.s2 = (_ptr(t, "uint8_t *") for t in (y1, s1, y2, s2))
+    args.format = _format(fmt)
+    args.scale_alg = scale_alg
+    args.round_mode = _round_mode(round_mode)
+    _fill_glu(args.glu, glu)
+    _run("swiglu_mx_run", args)
+
+
+def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
-    batch, m, _ = x.shape
-    ranges, bases = mx.column_block_groups(group_ends, m)
-    covered = ranges[-1][1]  # rows past the last (clamped) end belong to no group: outputs are zeros
-    if covered < m:
-        y1[:, covered:] = 0
-        s1[:, covered:] = 0
-        y2[:, covered:] = 0
-    kind = _KINDS[x.dtype]
-    simd = _native.available(kind)
-    mx_quant_kernel(kind, fmt, simd)(
-        _bits(x),
-        _bits(dy),
-        row_blocks(batch, ranges, bases),
-        activate_left,
-        scale_alg,
-        _native.sigmoid_table(kind) if simd else np.empty(0, np.float32),
-        y1.numpy(),
-        s1.numpy(),
-        y2.numpy(),
-        s2.numpy(),
-    )
+    _mx(True, x, dy, group_ends, glu, scale_alg, fmt, "rint", y1, s1, y2, s2)
 
 
-__all__ = ["NAME", "empty", "empty_cache", "is_available", "swiglu_group_grad", "swiglu_bwd_mx_quant"]
+def swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2) -> None:
+    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
+    _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2)
+
+
+def supports_glu(op: str, glu: GluParams) -> bool:
+    """Every kernel of this backend runs every member of the GLU family (see ``swiglu_ops._api``)."""
+    return True
+
+
+def act_table(
+    kind: int, dtype: torch.dtype, alpha: float = 1.0, limit: float = math.inf, isa: str = ""
+) -> torch.Tensor:
+    """The activation table of a 16-bit dtype as the kernels of ``isa`` (default: the running one) build
+    it; for tests comparing instruction sets."""
+    lib = LIBRARY.lib
+    out = torch.empty(1 << 16, dtype=torch.float32)
+    code = getattr(lib, f"SWIGLU_ISA_{isa.upper()}") if isa else LIBRARY.isa_code
+    lib.swiglu_act_table(kind, _dtype(torch.empty(0, dtype=dtype)), alpha, limit, _ptr(out, "float *"), code)
+    return out
+
+
+__all__ = [
+    "NAME",
+    "LIBRARY",
+    "OUTPUT_CACHE",
+    "OutputCache",
+    "empty",
+    "empty_cache",
+    "is_available",
+    "swiglu_group_grad",
+    "swiglu_bwd_mx_quant",
+    "clipped_swiglu",
+    "clipped_swiglu_grad",
+    "swiglu_mx_quant",
+]

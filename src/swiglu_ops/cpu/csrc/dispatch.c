@@ -1,0 +1,276 @@
+/* The library's entry points (swiglu_cpu.h): the instruction-set dispatch, the thread pool and the cache of
+   activation tables. Nothing here computes a value; the kernels are in kernels_<isa>.c. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kernel.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SWIGLU_X86 1
+#include <xmmintrin.h>
+#else
+#define SWIGLU_X86 0
+#endif
+
+#ifndef SWIGLU_SOURCE_HASH
+#define SWIGLU_SOURCE_HASH "unknown"
+#endif
+
+int32_t swiglu_cpu_abi_version(void) { return SWIGLU_ABI_VERSION; }
+const char *swiglu_cpu_source_hash(void) { return SWIGLU_SOURCE_HASH; }
+
+int32_t swiglu_cpu_isa_supported(int32_t isa) {
+    switch (isa) {
+    case SWIGLU_ISA_PORTABLE:
+        return 1;
+#if SWIGLU_X86
+    case SWIGLU_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+               __builtin_cpu_supports("bmi2");
+    case SWIGLU_ISA_AVX512:
+        return swiglu_cpu_isa_supported(SWIGLU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512dq");
+    case SWIGLU_ISA_AVX512_BF16:
+        return swiglu_cpu_isa_supported(SWIGLU_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
+#endif
+    default:
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------------------ thread pool */
+
+/* Workers are started on first use and then wait for jobs. One job runs at a time: a caller that finds the
+   pool busy (another Python thread inside an operator) runs its tasks alone, which gives the same bits.
+   After fork() the child has no workers (only the calling thread is copied): an atfork handler resets the
+   pool, and the child starts its own workers when it first needs them. Every thread runs the tasks with
+   the default floating-point environment (no flush-to-zero), whatever the caller's. */
+
+enum { MAX_WORKERS = 255 };
+
+static struct {
+    pthread_mutex_t busy; /* held by the caller whose job the pool runs */
+    pthread_mutex_t lock; /* guards what follows */
+    pthread_cond_t wake, done;
+    int n_workers;
+    uint64_t generation;
+    task_fn fn;
+    const void *ctx;
+    int64_t n_tasks;
+    uint64_t born[MAX_WORKERS]; /* the generation when each worker was started: its first job is the next */
+    int helpers;  /* workers taking part in the current job */
+    int pending;  /* of those, still working */
+    atomic_llong next;
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER,
+          .lock = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
+
+static void run_tasks(task_fn fn, const void *ctx, int64_t n_tasks) {
+#if SWIGLU_X86
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(0x1F80); /* round to nearest, no FTZ / DAZ, exceptions masked */
+#endif
+    for (;;) {
+        const int64_t t = atomic_fetch_add(&pool.next, 1);
+        if (t >= n_tasks) break;
+        fn(ctx, t);
+    }
+#if SWIGLU_X86
+    _mm_setcsr(csr);
+#endif
+}
+
+static void *worker(void *arg) {
+    const int index = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool.lock);
+    uint64_t seen = pool.born[index];
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+        seen = pool.generation;
+        if (index >= pool.helpers) continue;
+        const task_fn fn = pool.fn;
+        const void *ctx = pool.ctx;
+        const int64_t n = pool.n_tasks;
+        pthread_mutex_unlock(&pool.lock);
+        run_tasks(fn, ctx, n);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static void pool_after_fork_in_child(void) {
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.n_workers = 0;
+    pool.helpers = 0;
+    pool.pending = 0;
+}
+
+static void tables_after_fork_in_child(void);
+
+static void after_fork_in_child(void) {
+    pool_after_fork_in_child();
+    tables_after_fork_in_child();
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
+/* Starts workers up to ``want`` (pool.lock held); returns how many there are. */
+static int grow_workers(int want) {
+    if (want > MAX_WORKERS) want = MAX_WORKERS;
+    while (pool.n_workers < want) {
+        pthread_attr_t attr;
+        pthread_t thread;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 1 << 20); /* a task keeps a 64 KiB tile on the stack */
+        pool.born[pool.n_workers] = pool.generation;
+        const int failed = pthread_create(&thread, &attr, worker, (void *)(intptr_t)pool.n_workers);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        pool.n_workers++;
+    }
+    return pool.n_workers;
+}
+
+void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads) {
+    pthread_once(&atfork_once, install_atfork);
+    int64_t helpers = (int64_t)n_threads - 1;
+    if (helpers > n_tasks - 1) helpers = n_tasks - 1;
+    if (helpers <= 0 || pthread_mutex_trylock(&pool.busy) != 0) {
+        /* alone: one thread wanted, one task, or the pool is busy with another caller's job */
+        for (int64_t t = 0; t < n_tasks; t++) {
+#if SWIGLU_X86
+            const unsigned int csr = _mm_getcsr();
+            _mm_setcsr(0x1F80);
+            fn(ctx, t);
+            _mm_setcsr(csr);
+#else
+            fn(ctx, t);
+#endif
+        }
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    const int n = grow_workers((int)helpers);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n_tasks = n_tasks;
+    pool.helpers = n < helpers ? n : (int)helpers;
+    pool.pending = pool.helpers;
+    atomic_store(&pool.next, 0);
+    pool.generation++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    run_tasks(fn, ctx, n_tasks);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.busy);
+}
+
+/* ----------------------------------------------------------------------------- activation tables */
+
+/* Tables are kept for the life of the process (256 KiB each; operators use a few). Past MAX_TABLES
+   distinct (kind, dtype, alpha, limit), further ones are not cached: the call gets NULL and the operator
+   builds a private table for its own use. */
+enum { MAX_TABLES = 64 };
+
+static struct {
+    pthread_mutex_t lock;
+    int n;
+    struct {
+        int kind, dt;
+        uint32_t alpha, limit; /* bits */
+        float *table;
+    } entry[MAX_TABLES];
+} tables = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void tables_after_fork_in_child(void) { pthread_mutex_init(&tables.lock, NULL); }
+
+static uint32_t f32_bits(float v) {
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    return b;
+}
+
+const float *swiglu_act_table_get(int kind, int dt, float alpha, float limit, act_builder build) {
+    pthread_once(&atfork_once, install_atfork);
+    const uint32_t ab = f32_bits(alpha), lb = f32_bits(limit);
+    const float *found = NULL;
+    pthread_mutex_lock(&tables.lock);
+    for (int i = 0; i < tables.n && found == NULL; i++)
+        if (tables.entry[i].kind == kind && tables.entry[i].dt == dt && tables.entry[i].alpha == ab &&
+            tables.entry[i].limit == lb)
+            found = tables.entry[i].table;
+    if (found == NULL && tables.n < MAX_TABLES) {
+        float *t = malloc(sizeof(float) * 65536);
+        if (t != NULL) {
+            build(kind, dt, alpha, limit, t);
+            tables.entry[tables.n].kind = kind;
+            tables.entry[tables.n].dt = dt;
+            tables.entry[tables.n].alpha = ab;
+            tables.entry[tables.n].limit = lb;
+            tables.entry[tables.n].table = t;
+            tables.n++;
+            found = t;
+        }
+    }
+    pthread_mutex_unlock(&tables.lock);
+    return found;
+}
+
+/* ------------------------------------------------------------------------------------- entry points */
+
+typedef struct {
+    int (*glu)(const swiglu_glu_args *, int);
+    int (*mx)(const swiglu_mx_args *, int);
+    void (*act)(int, int, float, float, float *);
+} isa_impl;
+
+static int isa_of(int32_t isa, isa_impl *impl) {
+    if (!swiglu_cpu_isa_supported(isa)) return -1;
+    switch (isa) {
+#if SWIGLU_X86
+    case SWIGLU_ISA_AVX2:
+        *impl = (isa_impl){swiglu_glu_run_avx2, swiglu_mx_run_avx2, swiglu_act_build_avx2};
+        return 0;
+    case SWIGLU_ISA_AVX512:
+        *impl = (isa_impl){swiglu_glu_run_avx512, swiglu_mx_run_avx512, swiglu_act_build_avx512};
+        return 0;
+    case SWIGLU_ISA_AVX512_BF16:
+        *impl = (isa_impl){swiglu_glu_run_avx512_bf16, swiglu_mx_run_avx512_bf16, swiglu_act_build_avx512_bf16};
+        return 0;
+#endif
+    default:
+        *impl = (isa_impl){swiglu_glu_run_portable, swiglu_mx_run_portable, swiglu_act_build_portable};
+        return 0;
+    }
+}
+
+void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, float *out, int32_t isa) {
+    isa_impl impl;
+    if (isa_of(isa, &impl) == 0) impl.act(kind, dtype, alpha, limit, out);
+}
+
+int32_t swiglu_glu_run(const swiglu_glu_args *args, int32_t isa, int32_t n_threads) {
+    isa_impl impl;
+    if (isa_of(isa, &impl) != 0 || args->rows < 0 || args->cols < 2 || args->cols % 2 != 0) return -1;
+    if (args->rows == 0) return 0;
+    return impl.glu(args, n_threads < 1 ? 1 : n_threads);
+}
+
+int32_t swiglu_mx_run(const swiglu_mx_args *args, int32_t isa, int32_t n_threads) {
+    isa_impl impl;
+    if (isa_of(isa, &impl) != 0 || args->batch < 0 || args->m < 0 || args->cols < 2 || args->cols % 2 != 0)
+        return -1;
+    if (args->batch * args->m == 0) return 0;
+    return impl.mx(args, n_threads < 1 ? 1 : n_threads);
+}

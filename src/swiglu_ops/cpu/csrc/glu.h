@@ -1,0 +1,318 @@
+/* The GLU family on the SIMD layer: the elementwise math of every operator, once, and the three GLU
+   operators that store it (swiglu_group_grad, clipped_swiglu, clipped_swiglu_grad). mx.h quantises the
+   same math.
+
+   The math works on 16 pairs (A, B) at a time. Each CANN operator keeps its own operation order (spec
+   documents; swiglu_ops/reference/glu.py and reference/group_grad.py are the readable versions):
+     swiglu_fwd   A~ / (exp(A~ * -alpha) + 1) * B                 SwigluMxQuantWithDualAxis stage 1
+     swiglu_bwd   s = sigmoid(A); t = ((-s) + 1) * A + 1 ...      SwigluBackwardMxQuantWithDualAxis
+     clipped_fwd  ClippedSwiglu, clamp_mode 0 and 1
+     clipped_bwd  ClippedSwigluGrad (closed masks, selects), and the clamp_mode-1 extension
+     group_grad   SwigluGroupGrad: open masks multiplied, routing weight
+   where the transcendental part, a function of A alone, is ``act`` (numerics.h): from a table for 16-bit
+   inputs. The layout (chunked or interleaved halves, which one is A) is the loaders' business.
+
+   Rows are independent and every row is computed by the same code, so results do not depend on the thread
+   count or on how rows are cut into tasks. */
+
+/* ------------------------------------------------------------------------------------ the functors */
+
+typedef struct { /* loop invariants, copied into registers by the kernels */
+    act_fn act, act2;
+    vf alpha, limit, nlimit, bias;
+} glu_consts;
+
+/* The activations a variant reads (act2: only the clamp_mode-1 backward), as (kind, alpha, limit). */
+INLINE void glu_acts(const swiglu_glu *g, int backward, act_fn *act, act_fn *act2) {
+    const act_fn sigmoid = {NULL, SWIGLU_ACT_SIGMOID, 1.0f, INFINITY}, silu = {NULL, SWIGLU_ACT_GLU, 1.0f, INFINITY};
+    *act2 = silu;
+    if (!g->clipped) *act = backward ? sigmoid : silu;
+    else if (g->clamp_mode == 1) *act = backward ? sigmoid : (act_fn){NULL, SWIGLU_ACT_SILU_MIN, 1.0f, g->limit};
+    else *act = (act_fn){NULL, backward ? SWIGLU_ACT_GLU_SIG : SWIGLU_ACT_GLU, g->alpha, g->limit};
+}
+
+/* ``f`` with its table for a 16-bit dtype: from the library's cache, else a private one that the caller
+   frees (``*owned``); 0 if none could be allocated. */
+INLINE int act_with_table(act_fn *f, int dt, float **owned) {
+    *owned = NULL;
+    if (dt == SWIGLU_FP32) return 1;
+    f->table = swiglu_act_table_get(f->kind, dt, f->alpha, f->limit, FN(act_build));
+    if (f->table == NULL && (*owned = malloc(sizeof(float) * 65536)) != NULL) {
+        FN(act_build)(f->kind, dt, f->alpha, f->limit, *owned);
+        f->table = *owned;
+    }
+    return f->table != NULL;
+}
+
+INLINE glu_consts glu_setup(const swiglu_glu *g, const act_fn *act, const act_fn *act2) {
+    const glu_consts c = {
+        .act = *act,
+        .act2 = *act2,
+        .alpha = v_set(g->alpha),
+        .limit = v_set(g->limit),
+        .nlimit = v_set(-g->limit),
+        .bias = v_set(g->bias),
+    };
+    return c;
+}
+
+INLINE vf clip(const glu_consts *c, vf b) { return v_maxc(v_minc(b, c->limit), c->nlimit); }
+
+/* Forward: the activation output in fp32. ``clipped`` and ``mode`` are constants of the caller. */
+INLINE vf glu_fwd(const glu_consts *c, vf a, vu a_bits, vf b, const int clipped, const int mode, const int dt) {
+    const vf glu = act(&c->act, a, a_bits, dt);
+    if (!clipped) return v_mul(glu, b);                   /* (A / (exp(-A) + 1)) * B */
+    if (mode == 0) return v_mul(glu, v_add(clip(c, b), c->bias)); /* glu * (clip(B) + bias) */
+    return v_mul(glu, clip(c, b));                        /* min(silu(A), L) * clip(B) */
+}
+
+/* Backward: (grad A, grad B) in fp32. */
+INLINE void glu_bwd(const glu_consts *c, vf a, vu a_bits, vf b, vf dy, const int clipped, const int mode,
+                    const int dt, vf *ga, vf *gb) {
+    const vf one = v_set(1.0f), zero = v_zero();
+    if (!clipped) { /* swiglu_backward_mx_quant.md 2.2 */
+        const vf s = act(&c->act, a, a_bits, dt);
+        const vf t = v_add(v_mul(v_add(v_neg(s), one), a), one);
+        *ga = v_mul(v_mul(v_mul(t, b), s), dy);
+        *gb = v_mul(v_mul(s, dy), a);
+        return;
+    }
+    const vm b_ok = m_and(v_le(b, c->limit), v_ge(b, c->nlimit)); /* closed masks, raw inputs */
+    vf da, db;
+    vm a_ok;
+    if (mode == 0) { /* clipped_swiglu.md 4 */
+        const vf at = v_minc(a, c->limit);
+        const vf s = act(&c->act, a, a_bits, dt); /* (A~ * 0 + 1) / (exp(A~ * -alpha) + 1) */
+        const vf bp = v_add(clip(c, b), c->bias);
+        db = v_mul(v_mul(dy, at), s);
+        vf t = v_add(v_mul(s, v_set(-1.0f)), one);
+        t = v_mul(v_mul(v_add(v_mul(v_mul(t, at), c->alpha), one), s), bp);
+        da = v_mul(t, dy);
+        a_ok = v_le(a, c->limit);
+    } else { /* the clamp_mode-1 extension, clipped_swiglu.md 10 */
+        const vf s = act(&c->act, a, a_bits, dt);     /* 1 / (exp(-A) + 1) */
+        const vf silu = act(&c->act2, a, a_bits, dt); /* A / (exp(-A) + 1) */
+        db = v_mul(dy, v_minc(silu, c->limit));
+        vf t = v_add(v_mul(v_add(v_mul(s, v_set(-1.0f)), one), a), one);
+        t = v_mul(v_mul(t, s), clip(c, b));
+        da = v_mul(t, dy);
+        a_ok = v_le(silu, c->limit);
+    }
+    *ga = v_sel(a_ok, da, zero);
+    *gb = v_sel(b_ok, db, zero);
+}
+
+/* ------------------------------------------------------------------------------ pairs in a row */
+
+/* The raw bits of 16 pairs from pair ``p`` of a row of ``2 * half`` elements (masked pairs give 0). */
+INLINE void ld_ab(const void *row, int64_t half, int64_t p, const int inter, int a_index, const int dt, vm m,
+                  vu *a, vu *b) {
+    if (inter) {
+        vu even, odd;
+        ld_bits_pairs(row, p, dt, m, &even, &odd);
+        *a = a_index ? odd : even;
+        *b = a_index ? even : odd;
+    } else {
+        *a = ld_bits(row, p + a_index * half, dt, m);
+        *b = ld_bits(row, p + (1 - a_index) * half, dt, m);
+    }
+}
+
+/* Stores the bits of 16 pairs' (A, B) results at their columns of a row of ``2 * half`` elements. */
+INLINE void st_ab(void *row, int64_t half, int64_t p, vu a, vu b, const int inter, int a_index, const int dt,
+                  vm m) {
+    if (inter) {
+        st_bits_pairs(row, p, a_index ? b : a, a_index ? a : b, dt, m);
+    } else {
+        st_bits(row, p + a_index * half, a, dt, m);
+        st_bits(row, p + (1 - a_index) * half, b, dt, m);
+    }
+}
+
+/* ----------------------------------------------------------------------------- swiglu_group_grad */
+
+/* 16 pairs of one row of SwigluGroupGrad (swiglu_group_grad.md section 3): masked multiplies stand for the
+   spec's 0/1-mask products (a masked inf/NaN stays NaN, zeros keep their sign). */
+INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, vu g_bits, vf u, vf w, vf clamp, int masked_row,
+                     const int has_clamp, const int dt, vf *dg, vf *du) {
+    const vf zero = v_zero();
+    vm m_g = m_all(), m_u = m_all();
+    if (has_clamp) { /* open intervals on the raw inputs (NaN -> masked); min/clip keep NaN */
+        m_g = v_lt(g, clamp);
+        m_u = v_lt(v_abs(u), clamp);
+        g = v_minc(g, clamp);
+        u = v_maxc(v_minc(u, clamp), v_neg(clamp));
+    }
+    const vf s = act(&c->act, g, g_bits, dt); /* sigmoid(min(g, clamp)) */
+    const vm ninf = v_eq(g, v_set(-INFINITY));
+    const vm inf = m_or(ninf, v_eq(g, v_set(INFINITY)));
+    const vf f = v_sel(ninf, zero, v_mul(g, s)); /* 0 at g = -inf (not -inf * 0 = NaN) */
+    vf sp = v_sub(v_add(s, f), v_mul(f, s));
+    sp = v_sel(inf, s, sp); /* silu' is 1 at +inf, 0 at -inf: exactly s there */
+    vf dgv = v_mul(v_mul(v_mul(dy, sp), u), w);
+    vf duv = v_mul(v_mul(dy, f), w);
+    if (has_clamp) {
+        dgv = v_sel(m_g, dgv, v_mul(dgv, zero));
+        duv = v_sel(m_u, duv, v_mul(duv, zero));
+    }
+    if (masked_row) {
+        dgv = v_mul(dgv, zero);
+        duv = v_mul(duv, zero);
+    }
+    *dg = dgv;
+    *du = duv;
+}
+
+/* NumPy's float32 pairwise sum of ``dy * y_origin`` over ``n`` elements of a row (swiglu_group_grad.md
+   section 5), without its final ``0.0 +``: runs of more than 128 elements split at n / 2 rounded down to a
+   multiple of 8; a run of at most 128 is summed by 8 accumulators (lanes 0-7), combined as
+   ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then its n % 8 tail in order. */
+INLINE float gg_leaf(const void *dy, const void *yo, int64_t n, const int dt) {
+    float res;
+    if (n < 8) {
+        float p[16];
+        const vm m = m_lanes(n);
+        v_storef(p, v_mul(ld(dy, 0, dt, m), ld(yo, 0, dt, m)), m_all());
+        res = -0.0f;
+        for (int64_t i = 0; i < n; i++) res += p[i];
+        return res;
+    }
+    const vm m8 = m_lanes(8);
+    const int64_t body = n - n % 8;
+    vf acc = v_mul(ld(dy, 0, dt, m8), ld(yo, 0, dt, m8));
+    for (int64_t i = 8; i < body; i += 8) acc = v_add(acc, v_mul(ld(dy, i, dt, m8), ld(yo, i, dt, m8)));
+    float r[16];
+    v_storef(r, acc, m_all());
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    if (body < n) {
+        float p[16];
+        const vm m = m_lanes(n - body);
+        v_storef(p, v_mul(ld(dy, body, dt, m), ld(yo, body, dt, m)), m_all());
+        for (int64_t i = 0; i < n - body; i++) res += p[i];
+    }
+    return res;
+}
+
+static float FN(gg_pairwise)(const void *dy, const void *yo, int64_t n, int dt) {
+    if (n > 128) {
+        int64_t half = n / 2;
+        half -= half % 8;
+        const size_t es = dt == SWIGLU_FP32 ? 4 : 2;
+        const float lo = FN(gg_pairwise)(dy, yo, half, dt);
+        return lo + FN(gg_pairwise)((const char *)dy + half * es, (const char *)yo + half * es, n - half, dt);
+    }
+    if (dt == SWIGLU_BF16) return gg_leaf(dy, yo, n, SWIGLU_BF16);
+    if (dt == SWIGLU_FP16) return gg_leaf(dy, yo, n, SWIGLU_FP16);
+    return gg_leaf(dy, yo, n, SWIGLU_FP32);
+}
+
+/* ------------------------------------------------------------------------------------- the tasks */
+
+enum { GLU_ROWS_PER_TASK = 16 };
+
+typedef struct {
+    const swiglu_glu_args *a;
+    act_fn act, act2;
+    int64_t chunk, n_chunks; /* pairs per task, tasks per row range */
+} glu_job;
+
+/* Rows [r0, r1) x pairs [p0, p1) of one GLU operator, specialised by the caller's constants. */
+PHASE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1, const int op,
+                     const int dt, const int inter, const int flag) {
+    const swiglu_glu_args *a = job->a;
+    const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
+    const int a_index = a->glu.a_index;
+    const glu_consts c = glu_setup(&a->glu, &job->act, &job->act2);
+    const vf clamp = v_set(a->clamp);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *x = (const char *)a->x + r * a->cols * es;
+        const char *dy = (const char *)a->dy + r * half * es;
+        char *out = (char *)a->out + r * (op == SWIGLU_OP_CLIPPED_FWD ? half : a->cols) * es;
+        const int masked = r >= a->valid_rows;
+        const vf w = v_set(a->weight != NULL ? a->weight[r] : 1.0f); /* times 1 == skipping it */
+        for (int64_t p = p0; p < p1; p += 16) {
+            const vm m = m_lanes(p1 - p);
+            if (op != SWIGLU_OP_GROUP_GRAD && masked) { /* the clipped ops: +0.0, not computed */
+                if (op == SWIGLU_OP_CLIPPED_FWD) st_bits(out, p, u_zero(), dt, m);
+                else st_ab(out, half, p, u_zero(), u_zero(), inter, a_index, dt, m);
+                continue;
+            }
+            vu ab, bb;
+            ld_ab(x, half, p, inter, a_index, dt, m, &ab, &bb);
+            const vf av = widen(ab, dt), bv = widen(bb, dt);
+            if (op == SWIGLU_OP_CLIPPED_FWD) {
+                st(out, p, glu_fwd(&c, av, ab, bv, 1, flag, dt), dt, m);
+                continue;
+            }
+            const vf dyv = ld(dy, p, dt, m);
+            vf ga, gb;
+            if (op == SWIGLU_OP_CLIPPED_BWD) glu_bwd(&c, av, ab, bv, dyv, 1, flag, dt, &ga, &gb);
+            else gg_pairs(&c, dyv, av, ab, bv, w, clamp, masked, flag, dt, &ga, &gb);
+            st_ab(out, half, p, narrow(ga, dt), narrow(gb, dt), inter, a_index, dt, m);
+        }
+        if (op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0) /* never masked */
+            a->grad_weight[r] = 0.0f + FN(gg_pairwise)(dy, (const char *)a->y_origin + r * half * es, half, dt);
+    }
+}
+
+/* One specialisation of glu_tile per (operator, dtype, layout, clamp / clamp_mode). */
+#define GLU_TILE(OP, DT, INTER, FLAG) glu_tile(job, r0, r1, p0, p1, OP, DT, INTER, FLAG)
+#define GLU_BY_FLAG(OP, DT, INTER, FLAG)      \
+    do {                                      \
+        if (FLAG) GLU_TILE(OP, DT, INTER, 1); \
+        else GLU_TILE(OP, DT, INTER, 0);      \
+    } while (0)
+#define GLU_BY_LAYOUT(OP, DT, FLAG)                           \
+    do {                                                      \
+        if (a->glu.interleaved) GLU_BY_FLAG(OP, DT, 1, FLAG); \
+        else GLU_BY_FLAG(OP, DT, 0, FLAG);                    \
+    } while (0)
+#define GLU_BY_OP(DT)                                                                                         \
+    do {                                                                                                      \
+        if (a->op == SWIGLU_OP_GROUP_GRAD) GLU_BY_FLAG(SWIGLU_OP_GROUP_GRAD, DT, 0, a->clamp > 0);            \
+        else if (a->op == SWIGLU_OP_CLIPPED_FWD) GLU_BY_LAYOUT(SWIGLU_OP_CLIPPED_FWD, DT, a->glu.clamp_mode); \
+        else GLU_BY_LAYOUT(SWIGLU_OP_CLIPPED_BWD, DT, a->glu.clamp_mode);                                     \
+    } while (0)
+
+static void FN(glu_task)(const void *ctx, int64_t t) {
+    const glu_job *job = ctx;
+    const swiglu_glu_args *a = job->a;
+    const int64_t tile = t / job->n_chunks, chunk = t % job->n_chunks;
+    const int64_t r0 = tile * GLU_ROWS_PER_TASK;
+    const int64_t r1 = r0 + GLU_ROWS_PER_TASK < a->rows ? r0 + GLU_ROWS_PER_TASK : a->rows;
+    const int64_t half = a->cols / 2, p0 = chunk * job->chunk;
+    const int64_t p1 = p0 + job->chunk < half ? p0 + job->chunk : half;
+    if (a->dtype == SWIGLU_BF16) GLU_BY_OP(SWIGLU_BF16);
+    else if (a->dtype == SWIGLU_FP16) GLU_BY_OP(SWIGLU_FP16);
+    else GLU_BY_OP(SWIGLU_FP32);
+}
+
+#undef GLU_TILE
+#undef GLU_BY_FLAG
+#undef GLU_BY_LAYOUT
+#undef GLU_BY_OP
+
+static int FN(glu_run_impl)(const swiglu_glu_args *a, int n_threads) {
+    glu_job job = {.a = a};
+    if (a->op == SWIGLU_OP_GROUP_GRAD) { /* sigmoid(min(g, clamp)): the clamp is the only limit */
+        job.act = (act_fn){NULL, SWIGLU_ACT_SIGMOID, 1.0f, a->clamp > 0 ? a->clamp : INFINITY};
+        job.act2 = job.act;
+    } else {
+        glu_acts(&a->glu, a->op == SWIGLU_OP_CLIPPED_BWD, &job.act, &job.act2);
+    }
+    float *own1, *own2 = NULL;
+    const int ok = act_with_table(&job.act, a->dtype, &own1) && act_with_table(&job.act2, a->dtype, &own2);
+    /* Whole rows per task when there are enough row tiles to share; else rows cut into chunks of pairs
+       (a multiple of 1024), so that a few long rows still use every thread. */
+    const int64_t half = a->cols / 2, tiles = (a->rows + GLU_ROWS_PER_TASK - 1) / GLU_ROWS_PER_TASK;
+    job.chunk = half;
+    if (tiles < 4 * (int64_t)n_threads && half > 1024) {
+        const int64_t want = (4 * (int64_t)n_threads + tiles - 1) / tiles;
+        job.chunk = ((half + want - 1) / want + 1023) / 1024 * 1024;
+    }
+    job.n_chunks = (half + job.chunk - 1) / job.chunk;
+    if (ok) swiglu_pool_run(FN(glu_task), &job, tiles * job.n_chunks, n_threads);
+    free(own1);
+    free(own2);
+    return ok ? 0 : -1;
+}

@@ -1,0 +1,276 @@
+/* The two dual-axis MX operators on the SIMD layer: stage 1 of the GLU family (glu.h), rounded to the
+   input dtype, then MX-quantised along both axes in one pass over memory.
+
+   Work is cut into tasks of one 32-row block (of a group, or of a batch slice without groups) times a
+   chunk of MX_CHUNK pairs. A task reads its rows of x (and dy) once, keeps the rounded stage-1 values as
+   stored bits in a tile (32 rows x the task's output columns, in L1/L2) together with their column amax,
+   and from that tile writes both directions: row-wise 32-column blocks (y1, mxscale1) and the 32-row
+   column blocks (y2, mxscale2). Tasks write disjoint outputs with the same code, so the results do not
+   depend on the thread count.
+
+   Output columns of a task ("segments" of the tile):
+     backward, chunked:      A's and B's gradients, two segments of w columns (x's layout: columns follow x)
+     backward, interleaved:  one segment of 2w columns
+     forward:                one segment of w columns (y has cols / 2 columns) */
+
+enum { MX_BLOCK = 32, MX_CHUNK = 256 };
+
+typedef struct { /* a 32-row block: batch, first row, rows, mxscale2 row and slot */
+    int64_t b, row0, nrows, s2_row, slot;
+} mx_block;
+
+typedef struct {
+    const swiglu_mx_args *a;
+    const mx_block *blocks;
+    act_fn act;
+    mx_format fmt;
+    int64_t n_chunks, width; /* width: output columns of a row (cols backward, cols / 2 forward) */
+} mx_job;
+
+/* ------------------------------------------------------------------------------------------ stage 1 */
+
+/* Rows of a task: the rounded GLU results into ``tile`` (row stride ``ts`` elements, output-column order)
+   and the running amax of their magnitude bits per tile column into ``col_amax``. Lanes past the task's
+   pairs are stored as +0 up to the next 32 columns, so that a partial block reads zeros. */
+PHASE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
+                      uint32_t *col_amax, const int dt, const int bwd, const int inter, const int clipped) {
+    const swiglu_mx_args *a = job->a;
+    const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
+    const int a_index = a->glu.a_index;
+    const glu_consts c = glu_setup(&a->glu, &job->act, &job->act);
+    const vu mag = u_set(dt == SWIGLU_FP32 ? 0x7FFFFFFFu : 0x7FFFu);
+    const int64_t span = bwd ? w : (w + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK; /* pairs to store */
+    for (int64_t i = 0; i < blk->nrows; i++) {
+        const int64_t row = blk->b * a->m + blk->row0 + i;
+        const char *x = (const char *)a->x + row * a->cols * es;
+        const char *dy = bwd ? (const char *)a->dy + row * half * es : NULL;
+        char *t = (char *)tile + i * ts * es;
+        for (int64_t q = 0; q < span; q += 16) {
+            const vm m = m_lanes(w - q); /* pairs that exist */
+            vu ab, bb;
+            ld_ab(x, half, p0 + q, inter, a_index, dt, m, &ab, &bb);
+            const vf av = widen(ab, dt), bv = widen(bb, dt);
+            if (!bwd) {
+                const vu y = u_sel(m, narrow(glu_fwd(&c, av, ab, bv, clipped, 0, dt), dt), u_zero());
+                st_bits(t, q, y, dt, m_all());
+                u_store32(col_amax + q, u_max(u_load32(col_amax + q, m_all()), u_and(y, mag)), m_all());
+                continue;
+            }
+            vf ga, gb;
+            glu_bwd(&c, av, ab, bv, ld(dy, p0 + q, dt, m), clipped, 0, dt, &ga, &gb);
+            const vu ya = narrow(ga, dt), yb = narrow(gb, dt);
+            if (inter) { /* one segment: A and B at their own columns */
+                const vu even = a_index ? yb : ya, odd = a_index ? ya : yb;
+                st_bits_pairs(t, q, even, odd, dt, m);
+                vu ce, co;
+                u_load32_pairs(col_amax + 2 * q, m, &ce, &co);
+                u_store32_pairs(col_amax + 2 * q, u_max(ce, u_and(even, mag)), u_max(co, u_and(odd, mag)), m);
+            } else { /* two segments: the left half's gradient first */
+                const vu left = a_index ? yb : ya, right = a_index ? ya : yb;
+                st_bits(t, q, left, dt, m);
+                st_bits(t, MX_CHUNK + q, right, dt, m);
+                u_store32(col_amax + q, u_max(u_load32(col_amax + q, m), u_and(left, mag)), m);
+                uint32_t *cr = col_amax + MX_CHUNK + q;
+                u_store32(cr, u_max(u_load32(cr, m), u_and(right, mag)), m);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------- quantisation */
+
+/* fp32 bits of widened 16-bit magnitudes (their integer max is the magnitude max of the values). */
+INLINE vu amax_f32(vu amax, const int dt) { return dt == SWIGLU_FP32 ? amax : v_bits(widen(amax, dt)); }
+
+/* The codes of 16 values times their block multipliers, stored at output column ``col`` of row ``y`` (FP8:
+   one byte each; FP4: two per byte). */
+INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f, vm mask, const int fp4) {
+    if (fp4) u_store_nibbles(y + col / 2, fp4_encode(f, v, m), mask);
+    else u_store8(y + col, fp8_encode(f, v_mul(v, m)), mask);
+}
+
+/* Both quantisations of one segment of a task's tile: ``width`` columns from tile column ``tc`` that are
+   output columns from ``col0`` (a multiple of 32) of the task's rows. */
+PHASE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile, int64_t ts,
+                        const uint32_t *col_amax, int64_t tc, int64_t col0, int64_t width, const int dt,
+                        const int fp4) {
+    const swiglu_mx_args *a = job->a;
+    const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
+    const int64_t es = dt == SWIGLU_FP32 ? 4 : 2, W = job->width;
+    const int64_t s1_stride = 2 * ((W + 63) / 64), y_stride = fp4 ? W / 2 : W;
+    const int64_t nblk = (width + MX_BLOCK - 1) / MX_BLOCK;
+    /* -1 axis: per row, the amax, scale code and factor of 16 blocks of 32 columns at a time */
+    for (int64_t i = 0; i < blk->nrows; i++) {
+        const int64_t row = blk->b * a->m + blk->row0 + i;
+        const char *v = (const char *)tile + (i * ts + tc) * es;
+        uint8_t *y = a->y1 + row * y_stride, *s1 = a->s1 + row * s1_stride + col0 / MX_BLOCK;
+        for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
+            const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16;
+            const vu amax = dt == SWIGLU_FP32 ? u_block_amax32((const uint32_t *)v + 32 * k0, nb)
+                                              : u_block_amax16((const uint16_t *)v + 32 * k0, nb);
+            vf recip;
+            const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
+            u_store8(s1 + k0, codes, m_lanes(nb));
+            float r[16];
+            v_storef(r, recip, m_all());
+            for (int64_t k = 0; k < nb; k++) {
+                const vf rk = v_set(r[k]);
+                const int64_t c = 32 * (k0 + k);
+                for (int64_t h = 0; h < 32; h += 16) {
+                    const vm m = m_lanes(width - c - h);
+                    store_codes(y, col0 + c + h, ld(v, c + h, dt, m), rk, &f, m, fp4);
+                }
+            }
+        }
+        /* the pad slot of an odd number of blocks (forward, N % 64 in (0, 32]) is written as code 0 */
+        if (col0 + width == W && (W + MX_BLOCK - 1) / MX_BLOCK % 2 == 1) s1[nblk] = 0;
+    }
+    /* -2 axis: one block per column over the task's rows (zero padding never raises the amax): the codes and
+       factors of all columns first, then the rows in order (contiguous stores) */
+    float col_recip[2 * MX_CHUNK];
+    uint8_t *s2 = a->s2 + ((blk->b * a->s2_rows + blk->s2_row) * W + col0) * 2 + blk->slot;
+    for (int64_t j = 0; j < width; j += 16) {
+        const vm m = m_lanes(width - j);
+        vf recip;
+        const vu codes = scale_codes(&f, amax_f32(u_load32(col_amax + tc + j, m), dt), &recip);
+        v_storef(col_recip + j, recip, m_all());
+        uint32_t cs[16];
+        u_store32(cs, codes, m_all());
+        for (int64_t k = 0; k < 16 && j + k < width; k++) s2[2 * (j + k)] = (uint8_t)cs[k];
+    }
+    for (int64_t i = 0; i < blk->nrows; i++) {
+        const int64_t row = blk->b * a->m + blk->row0 + i;
+        const char *v = (const char *)tile + (i * ts + tc) * es;
+        uint8_t *y = a->y2 + row * y_stride;
+        for (int64_t j = 0; j < width; j += 16) {
+            const vm m = m_lanes(width - j);
+            store_codes(y, col0 + j, ld(v, j, dt, m), v_loadf(col_recip + j, m_all()), &f, m, fp4);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------- tasks */
+
+#define MX_STAGE1(DT, BWD, INTER, CLIPPED) mx_stage1(job, blk, p0, w, tile, ts, col_amax, DT, BWD, INTER, CLIPPED)
+#define MX_BY_CLIPPED(DT, BWD, INTER)                     \
+    do {                                                  \
+        if (a->glu.clipped) MX_STAGE1(DT, BWD, INTER, 1); \
+        else MX_STAGE1(DT, BWD, INTER, 0);                \
+    } while (0)
+#define MX_BY_LAYOUT(DT, BWD)                           \
+    do {                                                \
+        if (a->glu.interleaved) MX_BY_CLIPPED(DT, BWD, 1); \
+        else MX_BY_CLIPPED(DT, BWD, 0);                 \
+    } while (0)
+#define MX_QUANTISE(TC, COL0, WIDTH, DT)                                                    \
+    do {                                                                                    \
+        if (job->fmt.fp4) mx_quantise(job, blk, tile, ts, col_amax, TC, COL0, WIDTH, DT, 1); \
+        else mx_quantise(job, blk, tile, ts, col_amax, TC, COL0, WIDTH, DT, 0);             \
+    } while (0)
+
+INLINE void mx_task(const mx_job *job, int64_t t, const int dt) {
+    const swiglu_mx_args *a = job->a;
+    const mx_block *blk = &job->blocks[t / job->n_chunks];
+    const int64_t half = a->cols / 2, p0 = (t % job->n_chunks) * MX_CHUNK;
+    const int64_t w = half - p0 < MX_CHUNK ? half - p0 : MX_CHUNK;
+    const int64_t ts = 2 * MX_CHUNK; /* tile row stride in elements */
+    _Alignas(64) char tile[MX_BLOCK * 2 * MX_CHUNK * 4]; /* 64 KiB: stored bits, at most 4 bytes each */
+    _Alignas(64) uint32_t col_amax[2 * MX_CHUNK];
+    memset(col_amax, 0, sizeof col_amax);
+    if (a->backward) MX_BY_LAYOUT(dt, 1);
+    else MX_BY_LAYOUT(dt, 0);
+    if (!a->backward) MX_QUANTISE(0, p0, w, dt);
+    else if (a->glu.interleaved) MX_QUANTISE(0, 2 * p0, 2 * w, dt);
+    else {
+        MX_QUANTISE(0, p0, w, dt);                /* the left half */
+        MX_QUANTISE(MX_CHUNK, half + p0, w, dt); /* the right half */
+    }
+}
+
+#undef MX_STAGE1
+#undef MX_BY_CLIPPED
+#undef MX_BY_LAYOUT
+#undef MX_QUANTISE
+
+static void FN(mx_task)(const void *ctx, int64_t t) {
+    const mx_job *job = ctx;
+    if (job->a->dtype == SWIGLU_BF16) mx_task(job, t, SWIGLU_BF16);
+    else if (job->a->dtype == SWIGLU_FP16) mx_task(job, t, SWIGLU_FP16);
+    else mx_task(job, t, SWIGLU_FP32);
+}
+
+/* The element format's constants (mx.py's FP8Format / FP4 rules). */
+static int FN(mx_format_of)(const swiglu_mx_args *a, mx_format *f) {
+    static const struct { int mbits, bias, max_code, emax; uint32_t inv_max_bits; } fp8[2] = {
+        {3, 7, 0x7E, 8, 0x3B124925u},  /* E4M3FN: max 448 */
+        {2, 15, 0x7B, 15, 0x37924925u}, /* E5M2: max 57344 */
+    };
+    memset(f, 0, sizeof *f);
+    f->scale_alg = a->scale_alg;
+    f->round_mode = a->round_mode;
+    if (a->format == SWIGLU_FMT_E4M3 || a->format == SWIGLU_FMT_E5M2) {
+        const int i = a->format == SWIGLU_FMT_E5M2;
+        const uint32_t shift = (uint32_t)(23 - fp8[i].mbits);
+        memcpy(&f->inv_max, &fp8[i].inv_max_bits, 4);
+        f->emax = (uint32_t)fp8[i].emax;
+        f->shift = shift;
+        f->round_half = (1u << (shift - 1)) - 1u;
+        f->rebias = (uint32_t)(127 - fp8[i].bias) << fp8[i].mbits;
+        f->min_normal = (uint32_t)(128 - fp8[i].bias) << 23;
+        f->sub_magic = (uint32_t)(1 - fp8[i].bias - fp8[i].mbits + 23 + 127) << 23; /* 2**(emin - mbits + 23) */
+        f->max_code = (uint32_t)fp8[i].max_code;
+        return a->round_mode == SWIGLU_ROUND_RINT ? 0 : -1;
+    }
+    if (a->format != SWIGLU_FMT_E2M1 && a->format != SWIGLU_FMT_E1M2) return -1;
+    f->fp4 = 1;
+    f->e1m2 = a->format == SWIGLU_FMT_E1M2;
+    f->emax = f->e1m2 ? 0 : 2;
+    return a->scale_alg == 0 ? 0 : -1; /* FP4: the OCP rule only */
+}
+
+static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
+    mx_job job = {.a = a, .width = a->backward ? a->cols : a->cols / 2};
+    if (FN(mx_format_of)(a, &job.fmt) != 0) return -1;
+    act_fn act2;
+    glu_acts(&a->glu, a->backward, &job.act, &act2);
+    if (a->glu.clipped && a->glu.clamp_mode != 0) return -1; /* the MX operators take clamp_mode 0 */
+    float *owned;
+    if (!act_with_table(&job.act, a->dtype, &owned)) return -1;
+    /* The 32-row blocks: restarting at every group start; each end clamped into [previous end, M]. */
+    const int64_t per_slice = (a->m + MX_BLOCK - 1) / MX_BLOCK + (a->n_groups > 0 ? a->n_groups : 0);
+    mx_block *blocks = malloc(sizeof(mx_block) * (size_t)(a->batch * per_slice + 1));
+    if (blocks == NULL) {
+        free(owned);
+        return -1;
+    }
+    int64_t n = 0, covered = a->m;
+    for (int64_t b = 0; b < a->batch; b++) {
+        const int64_t groups = a->n_groups > 0 ? a->n_groups : 1;
+        int64_t start = 0;
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t end = a->n_groups > 0 ? a->group_ends[g] : a->m;
+            end = end < start ? start : end > a->m ? a->m : end;
+            const int64_t base = a->n_groups > 0 ? start / 64 + g : 0;
+            for (int64_t t = 0; start + MX_BLOCK * t < end; t++) {
+                const int64_t row0 = start + MX_BLOCK * t;
+                blocks[n++] = (mx_block){b, row0, end - row0 < MX_BLOCK ? end - row0 : MX_BLOCK, base + t / 2, t % 2};
+            }
+            start = end;
+        }
+        covered = start;
+    }
+    job.blocks = blocks;
+    job.n_chunks = (a->cols / 2 + MX_CHUNK - 1) / MX_CHUNK;
+    swiglu_pool_run(FN(mx_task), &job, n * job.n_chunks, n_threads);
+    free(blocks);
+    free(owned);
+    /* rows past the last (clamped) group end belong to no group: all their outputs are 0 */
+    if (covered < a->m) {
+        const int64_t W = job.width, rows = a->m - covered;
+        const int64_t yb = job.fmt.fp4 ? W / 2 : W, sb = 2 * ((W + 63) / 64);
+        memset(a->y1 + covered * yb, 0, (size_t)(rows * yb));
+        memset(a->y2 + covered * yb, 0, (size_t)(rows * yb));
+        memset(a->s1 + covered * sb, 0, (size_t)(rows * sb));
+    }
+    return 0;
+}

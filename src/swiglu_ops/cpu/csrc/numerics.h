@@ -1,0 +1,237 @@
+/* The numeric rules every kernel uses, written once on the SIMD layer (simd_avx512.h / simd_portable.h),
+   16 lanes at a time:
+
+   - storage: loading bf16 / fp16 / fp32 elements as exact fp32 values, and rounding fp32 results back
+     (round-to-nearest-even, overflow to inf, canonical NaNs so that every path gives the same bits);
+   - exp: a Cody-Waite range reduction plus a degree-6 polynomial with fused multiply-adds, within ~1 ulp
+     of the correctly rounded value over the whole fp32 range (the contract allows another exp than the
+     reference's; this is the one every CPU path shares);
+   - the activation functions of the GLU family (the transcendental part, a function of A alone): for
+     16-bit inputs the kernels read them from a table of all 65,536 bit patterns built by these same
+     functions (swiglu_act_table), so both give the same bits;
+   - the MX rules: E8M0 scale codes (RCEIL and OCP), the element multiplier, FP8 and FP4 element codes
+     (swiglu_ops/mx.py is the readable statement of the same rules; the tests compare them bit for bit).
+
+   Every fp32 operation is one IEEE operation in the operator's order: the build passes -ffp-contract=off,
+   so nothing is contracted into an FMA except the explicit v_fma of exp. */
+#ifndef SWIGLU_NUMERICS_H
+#define SWIGLU_NUMERICS_H
+
+/* --------------------------------------------------------------------------------------- storage */
+
+/* fp32 values of stored elements (bits zero-extended in 32-bit lanes). */
+INLINE vf widen(vu bits, const int dt) {
+    if (dt == SWIGLU_BF16) return v_from_bits(u_shl(bits, 16));
+    if (dt == SWIGLU_FP16) return v_from_fp16(bits);
+    return v_from_bits(bits);
+}
+
+/* Stored bits of fp32 values rounded to ``dt``: RNE, overflow to inf, NaN canonical (0x7FC0 / 0x7E00 /
+   0x7FC00000): NaN payloads would otherwise depend on which operand order a compiler chose. */
+INLINE vu narrow(vf v, const int dt) {
+    if (dt == SWIGLU_BF16) return u_to_bf16(v);
+    if (dt == SWIGLU_FP16) return u_to_fp16(v);
+    return u_sel(v_isnan(v), u_set(0x7FC00000u), v_bits(v));
+}
+
+/* 16 stored elements from element ``i`` of ``base`` (masked lanes give 0). */
+INLINE vu ld_bits(const void *base, int64_t i, const int dt, vm m) {
+    if (dt == SWIGLU_FP32) return u_load32((const uint32_t *)base + i, m);
+    return u_load16((const uint16_t *)base + i, m);
+}
+INLINE void st_bits(void *base, int64_t i, vu bits, const int dt, vm m) {
+    if (dt == SWIGLU_FP32) u_store32((uint32_t *)base + i, bits, m);
+    else u_store16((uint16_t *)base + i, bits, m);
+}
+INLINE vf ld(const void *base, int64_t i, const int dt, vm m) { return widen(ld_bits(base, i, dt, m), dt); }
+INLINE void st(void *base, int64_t i, vf v, const int dt, vm m) { st_bits(base, i, narrow(v, dt), dt, m); }
+
+/* 16 pairs (elements 2i, 2i + 1, ...) from pair ``i`` of ``base``: the even and the odd elements. */
+INLINE void ld_bits_pairs(const void *base, int64_t i, const int dt, vm m, vu *even, vu *odd) {
+    if (dt == SWIGLU_FP32) {
+        u_load32_pairs((const uint32_t *)base + 2 * i, m, even, odd);
+    } else {
+        const vu p = u_load16_pairs((const uint16_t *)base + 2 * i, m);
+        *even = u_and(p, u_set(0xFFFF));
+        *odd = u_shr(p, 16);
+    }
+}
+INLINE void st_bits_pairs(void *base, int64_t i, vu even, vu odd, const int dt, vm m) {
+    if (dt == SWIGLU_FP32) u_store32_pairs((uint32_t *)base + 2 * i, even, odd, m);
+    else u_store16_pairs((uint16_t *)base + 2 * i, even, odd, m);
+}
+
+/* ------------------------------------------------------------------------------------------- exp */
+
+#define EXP_OVERFLOW 0x1.62e430p+6f   /* 88.72283935546875: above it exp > FLT_MAX */
+#define EXP_UNDERFLOW -0x1.a00000p+6f /* -104: below it exp < 2**-150 rounds to 0 */
+
+INLINE vf pow2i(vu k) { return v_from_bits(u_shl(u_add(k, u_set(127)), 23)); } /* k in [-126, 127] */
+
+/* exp(x): x = k ln2 + r with |r| <= ln2 / 2, exp(r) by a polynomial, times 2**k (as two factors, so that
+   both stay normal down to 2**-150). NaN stays NaN. */
+HEAVY vf v_exp(vf x) {
+    const vf xc = v_maxc(v_minc(x, v_set(EXP_OVERFLOW)), v_set(EXP_UNDERFLOW));
+    const vf magic = v_set(0x1.8p+23f); /* 1.5 * 2**23: t's low bits are round(x / ln2) */
+    const vf t = v_fma(xc, v_set(0x1.715476p+0f), magic);
+    const vf kf = v_sub(t, magic);
+    const vu k = u_sub(v_bits(t), u_set(0x4B400000u));
+    vf r = v_fma(kf, v_set(-0x1.62e4p-1f), xc); /* -ln2 in two parts */
+    r = v_fma(kf, v_set(-0x1.7f7d1cp-20f), r);
+    vf p = v_fma(v_set(0x1.a057b4p-13f), r, v_set(0x1.6d2d92p-10f));
+    p = v_fma(p, r, v_set(0x1.11114cp-7f));
+    p = v_fma(p, r, v_set(0x1.5554f4p-5f));
+    p = v_fma(p, r, v_set(0x1.555556p-3f));
+    p = v_fma(p, r, v_set(0.5f));
+    p = v_add(v_fma(v_mul(r, r), p, r), v_set(1.0f));
+    const vu h = s_sra(k, 1);
+    vf y = v_mul(v_mul(p, pow2i(h)), pow2i(u_sub(k, h)));
+    y = v_sel(v_gt(x, v_set(EXP_OVERFLOW)), v_set(INFINITY), y);
+    return v_sel(v_lt(x, v_set(EXP_UNDERFLOW)), v_zero(), y);
+}
+
+/* ----------------------------------------------------------------------------- activation functions */
+
+/* The transcendental part of each GLU variant, a function of the activated input ``a`` alone (with the
+   operator's alpha and limit L; A~ = min(a, L), NaN kept):
+     SWIGLU_ACT_SIGMOID   1 / (1 + exp(-A~))                  sigmoid (swiglu_group_grad: L = its clamp)
+     SWIGLU_ACT_GLU       A~ / (exp(A~ * -alpha) + 1)         ClippedSwiglu's glu; alpha 1, L inf: SiLU
+                                                              in SwigluMxQuantWithDualAxis's order
+     SWIGLU_ACT_GLU_SIG   (A~ * 0 + 1) / (exp(A~ * -alpha) + 1)   ClippedSwigluGrad's s
+     SWIGLU_ACT_SILU_MIN  min(a / (exp(a * -1) + 1), L)       ClippedSwiglu clamp_mode 1 */
+HEAVY vf act_eval(vf a, int kind, float alpha, float limit) {
+    const vf at = v_minc(a, v_set(limit));
+    const vf one = v_set(1.0f);
+    switch (kind) {
+    case SWIGLU_ACT_SIGMOID:
+        return v_div(one, v_add(one, v_exp(v_neg(at))));
+    case SWIGLU_ACT_GLU:
+        return v_div(at, v_add(v_exp(v_mul(at, v_set(-alpha))), one));
+    case SWIGLU_ACT_GLU_SIG:
+        return v_div(v_add(v_mul(at, v_zero()), one), v_add(v_exp(v_mul(at, v_set(-alpha))), one));
+    default: /* SWIGLU_ACT_SILU_MIN */
+        return v_minc(v_div(a, v_add(v_exp(v_mul(a, v_set(-1.0f))), one)), v_set(limit));
+    }
+}
+
+/* An activation of stored inputs: from the table for 16-bit dtypes (indexed by the input's bits), computed
+   for fp32. */
+typedef struct {
+    const float *table;
+    int kind;
+    float alpha, limit;
+} act_fn;
+
+INLINE vf act(const act_fn *f, vf a, vu a_bits, const int dt) {
+    if (dt == SWIGLU_FP32) return act_eval(a, f->kind, f->alpha, f->limit);
+    return v_gather(f->table, a_bits, m_all());
+}
+
+/* ---------------------------------------------------------------------------------------------- MX */
+
+INLINE vf v_abs(vf a) { return v_from_bits(u_and(v_bits(a), u_set(0x7FFFFFFF))); }
+
+/* Round to an integer, ties away from zero: trunc(x) plus one step where |x - trunc(x)| >= 0.5 (exact). */
+INLINE vf v_round_half_away(vf x) {
+    const vf t = v_trunc(x);
+    const vf step = v_from_bits(u_or(v_bits(v_set(1.0f)), u_and(v_bits(x), u_set(0x80000000))));
+    return v_sel(v_ge(v_abs(v_sub(x, t)), v_set(0.5f)), v_add(t, step), t);
+}
+
+/* Integer values 0 <= x < 2**23 as 32-bit integers (exact: x + 2**23 puts x in the low mantissa bits). */
+INLINE vu v_to_u_small(vf x) { return u_sub(v_bits(v_add(x, v_set(0x1p+23f))), u_set(0x4B000000u)); }
+
+/* An element format and scale rule, with the constants the encoders use. */
+typedef struct {
+    int fp4;       /* 0: FP8; 1: FP4 (E2M1 or E1M2; codes are nibbles) */
+    int e1m2;      /* FP4 E1M2 (quantum 0.25 everywhere) rather than E2M1 */
+    int scale_alg; /* 1: RCEIL ("cuBLAS", FP8 only); 0: OCP floor */
+    int round_mode; /* FP4: SWIGLU_ROUND_RINT / ROUND (half away from zero) / FLOOR; FP8: RINT */
+    uint32_t emax;  /* exponent of the format's largest normal */
+    float inv_max;  /* RCEIL: fp32(1 / max) */
+    /* FP8 encoder: shift = 23 - mantissa bits, RNE bias, rebias, smallest normal, subnormal magic, max code */
+    uint32_t shift, round_half, rebias, min_normal, sub_magic, max_code;
+} mx_format;
+
+/* E8M0 codes of 16 blocks from the fp32 bits of their amax magnitudes, and the factor applied to their
+   elements: 2**(127 - code), 0 for a zero block, NaN for a NaN/inf block (code 0xFF), so that its
+   elements encode as 0x00. (mx.scale_codes / mx.scale_reciprocal.) */
+HEAVY vu scale_codes(const mx_format *f, vu amax, vf *recip) {
+    vu code;
+    vm zero;
+    if (f->scale_alg == 1) { /* RCEIL: the exponent of amax * fp32(1/max), rounded up unless exact */
+        const vu p = v_bits(v_mul(v_from_bits(amax), v_set(f->inv_max)));
+        const vu e = u_shr(p, 23), mf = u_and(p, u_set(0x7FFFFF));
+        const vm normal_up = m_and(m_and(u_gt(e, u_zero()), u_lt(e, u_set(254))), u_gt(mf, u_zero()));
+        const vm sub_up = m_and(u_eq(e, u_zero()), u_gt(mf, u_set(0x400000)));
+        code = u_sel(m_or(normal_up, sub_up), u_add(e, u_set(1)), e);
+        zero = u_eq(amax, u_zero());
+    } else { /* OCP floor: biased exponent of amax minus emax, at least 0; an fp32-subnormal amax is zero */
+        const vu ef = u_shr(amax, 23);
+        code = s_max(u_sub(ef, u_set(f->emax)), u_zero());
+        zero = u_eq(ef, u_zero());
+    }
+    const vm special = u_ge(amax, u_set(0x7F800000));
+    code = u_sel(zero, u_zero(), code);
+    code = u_sel(special, u_set(0xFF), code);
+    vu r = u_shl(u_sub(u_set(254), code), 23);
+    r = u_sel(u_ge(code, u_set(254)), u_set(0x00400000), r); /* 2**-127, the only subnormal factor */
+    r = u_sel(zero, u_zero(), r);
+    *recip = v_from_bits(u_sel(special, u_set(0x7FC00000), r));
+    return code;
+}
+
+/* FP8 codes of fp32 values: RNE, saturating, NaN -> 0x00, the sign of zero kept (mx.fp8_encode). */
+HEAVY vu fp8_encode(const mx_format *f, vf value) {
+    const vu u = v_bits(value);
+    const vu a = u_and(u, u_set(0x7FFFFFFF));
+    /* subnormal codes: adding 2**(emin - mbits + 23) rounds to the subnormal quantum (RNE) */
+    const vu sub = u_sub(v_bits(v_add(v_from_bits(a), v_from_bits(u_set(f->sub_magic)))), u_set(f->sub_magic));
+    /* normal codes: RNE on the dropped mantissa bits (a carry moves into the exponent), then rebias */
+    const vu odd = u_and(u_shrv(a, u_set(f->shift)), u_set(1));
+    const vu rounded = u_add(u_add(a, u_set(f->round_half)), odd);
+    vu code = u_sub(u_shrv(rounded, u_set(f->shift)), u_set(f->rebias));
+    code = u_sel(u_lt(a, u_set(f->min_normal)), sub, code);
+    code = u_min(code, u_set(f->max_code));
+    code = u_or(code, u_and(u_shr(u, 24), u_set(0x80)));
+    return u_sel(u_le(a, u_set(0x7F800000)), code, u_zero()); /* NaN */
+}
+
+/* FP4 codes (nibbles) of the exact products v * m (spec swiglu_mx_quant.md 3.5, mx.encode): k = round(t / q)
+   with the quantum q (E2M1: 2**(max(floor(log2|t|), 0) - 1); E1M2: 0.25), in the format's round mode (floor
+   acts on the signed value), saturated to the largest magnitude; the sign bit is t's (a negative t that
+   rounds to 0 gives -0, 0x8); NaN -> 0x0. The fp32 product is exact except where it underflows to zero,
+   which only ``floor`` can tell from the exact value: a negative v then still gives -q (0x9), unless the
+   block's multiplier is 0 (a zero block, all codes +-0). */
+HEAVY vu fp4_encode(const mx_format *f, vf v, vf m) {
+    const vf t = v_mul(v, m);
+    const vu u = v_bits(t);
+    const vu a = u_and(u, u_set(0x7FFFFFFF));
+    /* q = 2**qe; the scaling t / q is exact (a power of two, |t| < 2**(emax + 1) by the scale rule) */
+    vu qe;
+    if (f->e1m2) qe = u_set((uint32_t)-2);
+    else qe = u_sub(s_max(u_sub(u_shr(a, 23), u_set(127)), u_zero()), u_set(1));
+    const vf x = v_mul(t, pow2i(u_sub(u_zero(), qe)));
+    vf k;
+    if (f->round_mode == SWIGLU_ROUND_FLOOR) {
+        const vm underflow = m_and(m_and(v_eq(t, v_zero()), v_lt(v, v_zero())), v_gt(m, v_zero()));
+        k = v_sel(underflow, v_set(-1.0f), v_floor(x));
+    } else if (f->round_mode == SWIGLU_ROUND_RINT) {
+        k = v_rint(x);
+    } else {
+        k = v_round_half_away(x);
+    }
+    /* |k| * q in units of the format's smallest step (E2M1: 0.5, E1M2: 0.25), saturated */
+    vu units = v_to_u_small(v_mul(v_abs(k), pow2i(u_add(qe, u_set(f->e1m2 ? 2 : 1)))));
+    vu code;
+    if (f->e1m2) {
+        code = u_min(units, u_set(7));
+    } else { /* half-units {0, 1, 2, 3, 4, 6, 8, 12} -> codes 0..7; above 12: 6.0 */
+        units = u_min(units, u_set(12));
+        code = u_sel(u_le(units, u_set(4)), units, u_add(u_set(4), u_shr(units, 2)));
+    }
+    code = u_or(code, u_and(u_shr(u, 28), u_set(0x8)));
+    return u_sel(u_le(a, u_set(0x7F800000)), code, u_zero()); /* NaN */
+}
+
+#endif

@@ -1,0 +1,203 @@
+/* The SIMD layer on AVX-512 (F, BW, VL, DQ, plus F16C/FMA; AVX512-BF16 where the translation unit is
+   built for it): 16 fp32 / 32-bit lanes per vector, 16-bit lane masks.
+
+   Every function here has a twin of the same name and the same result bits in simd_portable.h; the kernels
+   (numerics.h, glu.h, mx.h) are written once against this interface. */
+#ifndef SWIGLU_SIMD_AVX512_H
+#define SWIGLU_SIMD_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define SIMD_NAME "avx512"
+
+typedef __m512 vf;    /* 16 x fp32 */
+typedef __m512i vu;   /* 16 x 32-bit integer */
+typedef __mmask16 vm; /* 16 lanes */
+
+/* ------------------------------------------------------------------------------------------ masks */
+INLINE vm m_all(void) { return (vm)0xFFFF; }
+INLINE vm m_lanes(int64_t n) { return n >= 16 ? (vm)0xFFFF : (vm)((1u << (n > 0 ? n : 0)) - 1u); }
+INLINE vm m_and(vm a, vm b) { return (vm)(a & b); }
+INLINE vm m_or(vm a, vm b) { return (vm)(a | b); }
+INLINE vm m_not(vm a) { return (vm)~a; }
+INLINE int m_any(vm a) { return a != 0; }
+
+/* ----------------------------------------------------------------------------------------- floats */
+INLINE vf v_set(float x) { return _mm512_set1_ps(x); }
+INLINE vf v_zero(void) { return _mm512_setzero_ps(); }
+INLINE vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+INLINE vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+INLINE vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+INLINE vf v_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+INLINE vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /* one rounding */
+/* (c < a) ? c : a and (c > a) ? c : a: a NaN ``a`` comes through (the clamps' NaN propagation). */
+INLINE vf v_minc(vf a, vf c) { return _mm512_min_ps(c, a); }
+INLINE vf v_maxc(vf a, vf c) { return _mm512_max_ps(c, a); }
+INLINE vm v_lt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+INLINE vm v_le(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+INLINE vm v_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+INLINE vm v_ge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+INLINE vm v_eq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+INLINE vm v_isnan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+INLINE vf v_sel(vm m, vf a, vf b) { return _mm512_mask_mov_ps(b, m, a); } /* m ? a : b */
+INLINE vf v_neg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+INLINE vf v_floor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+INLINE vf v_trunc(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
+INLINE vf v_rint(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+INLINE vu v_bits(vf a) { return _mm512_castps_si512(a); }
+INLINE vf v_from_bits(vu a) { return _mm512_castsi512_ps(a); }
+
+/* ---------------------------------------------------------------------------------------- integers */
+INLINE vu u_set(uint32_t x) { return _mm512_set1_epi32((int)x); }
+INLINE vu u_zero(void) { return _mm512_setzero_si512(); }
+INLINE vu u_iota(void) { return _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
+INLINE vu u_add(vu a, vu b) { return _mm512_add_epi32(a, b); }
+INLINE vu u_sub(vu a, vu b) { return _mm512_sub_epi32(a, b); }
+INLINE vu u_and(vu a, vu b) { return _mm512_and_si512(a, b); }
+INLINE vu u_or(vu a, vu b) { return _mm512_or_si512(a, b); }
+#define u_shl(a, n) _mm512_slli_epi32((a), (n))
+#define u_shr(a, n) _mm512_srli_epi32((a), (n))
+#define s_sra(a, n) _mm512_srai_epi32((a), (n))
+INLINE vu u_shrv(vu a, vu n) { return _mm512_srlv_epi32(a, n); }
+INLINE vu u_min(vu a, vu b) { return _mm512_min_epu32(a, b); }
+INLINE vu u_max(vu a, vu b) { return _mm512_max_epu32(a, b); }
+INLINE vu s_max(vu a, vu b) { return _mm512_max_epi32(a, b); }
+INLINE vm u_eq(vu a, vu b) { return _mm512_cmpeq_epi32_mask(a, b); }
+INLINE vm u_lt(vu a, vu b) { return _mm512_cmplt_epu32_mask(a, b); }
+INLINE vm u_le(vu a, vu b) { return _mm512_cmple_epu32_mask(a, b); }
+INLINE vm u_gt(vu a, vu b) { return _mm512_cmpgt_epu32_mask(a, b); }
+INLINE vm u_ge(vu a, vu b) { return _mm512_cmpge_epu32_mask(a, b); }
+INLINE vm s_gt(vu a, vu b) { return _mm512_cmpgt_epi32_mask(a, b); }
+INLINE vu u_sel(vm m, vu a, vu b) { return _mm512_mask_mov_epi32(b, m, a); } /* m ? a : b */
+INLINE uint32_t u_hmax(vu a) { return (uint32_t)_mm512_reduce_max_epu32(a); }
+
+/* ------------------------------------------------------------------------------------------ memory */
+/* Masked lanes read nothing (and give 0) and write nothing. */
+INLINE vu u_load16(const uint16_t *p, vm m) { return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)); }
+INLINE vu u_load32(const uint32_t *p, vm m) { return _mm512_maskz_loadu_epi32(m, p); }
+INLINE void u_store16(uint16_t *p, vu a, vm m) { _mm512_mask_cvtepi32_storeu_epi16(p, m, a); }
+INLINE void u_store32(uint32_t *p, vu a, vm m) { _mm512_mask_storeu_epi32(p, m, a); }
+INLINE void u_store8(uint8_t *p, vu a, vm m) { _mm512_mask_cvtepi32_storeu_epi8(p, m, a); }
+INLINE vf v_loadf(const float *p, vm m) { return _mm512_maskz_loadu_ps(m, p); }
+INLINE void v_storef(float *p, vf a, vm m) { _mm512_mask_storeu_ps(p, m, a); }
+INLINE vf v_gather(const float *table, vu idx, vm m) {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, table, 4);
+}
+/* Lanes of pairs -> lanes of elements: bit i of the 8-bit ``m`` becomes bits 2i and 2i + 1. */
+INLINE vm m_pairs(unsigned m) {
+    m &= 0xFF;
+    m = (m | (m << 4)) & 0x0F0F;
+    m = (m | (m << 2)) & 0x3333;
+    m = (m | (m << 1)) & 0x5555;
+    return (vm)(m | (m << 1));
+}
+/* 32 consecutive 32-bit elements (16 pairs, ``m`` selects pairs) as their even and odd ones: element 2i goes
+   to lane i of *even, element 2i + 1 to lane i of *odd. */
+INLINE void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {
+    const vu lo = _mm512_maskz_loadu_epi32(m_pairs(m), p);
+    const vu hi = _mm512_maskz_loadu_epi32(m_pairs(m >> 8), p + 16);
+    const vu ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    *even = _mm512_permutex2var_epi32(lo, ie, hi);
+    *odd = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), hi);
+}
+INLINE void u_store32_pairs(uint32_t *p, vu even, vu odd, vm m) {
+    const vu il = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const vu ih = _mm512_add_epi32(il, _mm512_set1_epi32(8));
+    _mm512_mask_storeu_epi32(p, m_pairs(m), _mm512_permutex2var_epi32(even, il, odd));
+    _mm512_mask_storeu_epi32(p + 16, m_pairs(m >> 8), _mm512_permutex2var_epi32(even, ih, odd));
+}
+/* 16 pairs of 16-bit elements, as one 32-bit lane per pair (element 2i in the low half). */
+INLINE vu u_load16_pairs(const uint16_t *p, vm m) { return _mm512_maskz_loadu_epi32(m, p); }
+INLINE void u_store16_pairs(uint16_t *p, vu even, vu odd, vm m) {
+    _mm512_mask_storeu_epi32(p, m, _mm512_or_si512(_mm512_and_si512(even, _mm512_set1_epi32(0xFFFF)),
+                                                   _mm512_slli_epi32(odd, 16)));
+}
+
+/* 16 FP4 codes (nibbles in 32-bit lanes) packed two per byte, lane 2j in the low nibble: 8 bytes, ``m``
+   selecting whole pairs of lanes. */
+INLINE void u_store_nibbles(uint8_t *p, vu codes, vm m) {
+    unsigned x = m & 0x5555u; /* one bit per pair */
+    x = (x | (x >> 1)) & 0x3333u;
+    x = (x | (x >> 2)) & 0x0F0Fu;
+    x = (x | (x >> 4)) & 0x00FFu;
+    _mm512_mask_cvtepi64_storeu_epi8(p, (__mmask8)x, _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28)));
+}
+
+/* The amax of each of ``nb`` <= 16 consecutive 32-element blocks of stored 16-bit values, as their largest
+   magnitude bits (lanes from nb on are 0). A transposed reduction tree instead of 16 horizontal ones: each
+   level halves the units (32-bit pairs of values) per block with one max of two permutations, until every
+   32-bit unit holds one block's last two candidates. */
+INLINE vu u_block_amax16(const uint16_t *v, int64_t nb) {
+    static const int32_t idx[4][2][16] = {
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
+        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},
+    };
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i r[16];
+    for (int k = 0; k < 16; k++)
+        r[k] = k < nb ? _mm512_and_si512(_mm512_loadu_si512(v + 32 * k), mag) : _mm512_setzero_si512();
+    for (int level = 0, n = 8; level < 4; level++, n /= 2) {
+        const __m512i lo = _mm512_loadu_si512(idx[level][0]), hi = _mm512_loadu_si512(idx[level][1]);
+        for (int k = 0; k < n; k++)
+            r[k] = _mm512_max_epu16(_mm512_permutex2var_epi32(r[2 * k], lo, r[2 * k + 1]),
+                                    _mm512_permutex2var_epi32(r[2 * k], hi, r[2 * k + 1]));
+    }
+    return _mm512_max_epu32(_mm512_and_si512(r[0], _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(r[0], 16));
+}
+
+/* The same for 32-bit values: the two halves of each block first, then the tree on 32-bit units. */
+INLINE vu u_block_amax32(const uint32_t *v, int64_t nb) {
+    static const int32_t idx[4][2][16] = {
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
+        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},
+    };
+    const __m512i mag = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i r[16];
+    for (int k = 0; k < 16; k++)
+        r[k] = k < nb ? _mm512_max_epu32(_mm512_and_si512(_mm512_loadu_si512(v + 32 * k), mag),
+                                         _mm512_and_si512(_mm512_loadu_si512(v + 32 * k + 16), mag))
+                      : _mm512_setzero_si512();
+    for (int level = 0, n = 8; level < 4; level++, n /= 2) {
+        const __m512i lo = _mm512_loadu_si512(idx[level][0]), hi = _mm512_loadu_si512(idx[level][1]);
+        for (int k = 0; k < n; k++)
+            r[k] = _mm512_max_epu32(_mm512_permutex2var_epi32(r[2 * k], lo, r[2 * k + 1]),
+                                    _mm512_permutex2var_epi32(r[2 * k], hi, r[2 * k + 1]));
+    }
+    return r[0];
+}
+
+/* ------------------------------------------------------------------------- 16-bit float conversions */
+/* fp16 bits (low 16 of each lane) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */
+INLINE vf v_from_fp16(vu bits) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits)); }
+/* fp32 -> fp16 bits, RNE, overflow to inf; NaN -> 0x7E00 (canonical). */
+INLINE vu u_to_fp16(vf v) {
+    const vu h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return _mm512_mask_mov_epi32(h, v_isnan(v), _mm512_set1_epi32(0x7E00));
+}
+/* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
+INLINE vu u_to_bf16(vf v) {
+#ifdef __AVX512BF16__
+    /* vcvtneps2bf16 rounds like the integer path except for NaN (payload kept) and fp32 subnormals (flushed):
+       vectors holding one of those take the integer path. */
+    if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xA1) == 0, 1)) /* QNaN | SNaN | denormal */
+        return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+#endif
+    const vu u = v_bits(v);
+    const vu r = u_shr(u_add(u_add(u, u_set(0x7FFF)), u_and(u_shr(u, 16), u_set(1))), 16);
+    return u_sel(v_isnan(v), u_set(0x7FC0), r);
+}
+
+#endif

@@ -1,0 +1,266 @@
+/* The SIMD layer in portable C: GNU vector extensions (GCC, Clang) of 16 lanes, which the compiler lowers
+   to whatever the target has (SSE2 or AVX2 on x86-64, NEON on AArch64, scalar code elsewhere).
+
+   Every function gives the same result bits as its twin in simd_avx512.h: IEEE operations are exact
+   functions of their operands, the clamps are written as the same selects, the FMA is C's fmaf (one
+   rounding: a single instruction where the target has FMA, glibc's exact software fmaf elsewhere), and the
+   conversions are integer transcriptions of round-to-nearest-even with canonical NaNs. */
+#ifndef SWIGLU_SIMD_PORTABLE_H
+#define SWIGLU_SIMD_PORTABLE_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SIMD_NAME "portable"
+
+typedef float vf __attribute__((vector_size(64)));    /* 16 x fp32 */
+typedef uint32_t vu __attribute__((vector_size(64))); /* 16 x 32-bit integer */
+typedef int32_t vs __attribute__((vector_size(64)));
+typedef vs vm; /* 16 lanes: 0 or -1 */
+
+#define LANES 16
+#define FOR_LANES for (int i_ = 0; i_ < LANES; i_++)
+
+/* ------------------------------------------------------------------------------------------ masks */
+INLINE vm m_all(void) { return (vm){0} == (vm){0}; }
+INLINE vm m_lanes(int64_t n) {
+    const vs idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const int32_t k = (int32_t)(n > LANES ? LANES : n);
+    return idx < k;
+}
+INLINE vm m_and(vm a, vm b) { return a & b; }
+INLINE vm m_or(vm a, vm b) { return a | b; }
+INLINE vm m_not(vm a) { return ~a; }
+INLINE int m_any(vm a) {
+    int32_t r = 0;
+    FOR_LANES r |= a[i_];
+    return r != 0;
+}
+
+/* ----------------------------------------------------------------------------------------- floats */
+INLINE vf v_set(float x) { return (vf){0} + x; }
+INLINE vf v_zero(void) { return (vf){0}; }
+INLINE vf v_add(vf a, vf b) { return a + b; }
+INLINE vf v_sub(vf a, vf b) { return a - b; }
+INLINE vf v_mul(vf a, vf b) { return a * b; }
+INLINE vf v_div(vf a, vf b) { return a / b; }
+INLINE vf v_fma(vf a, vf b, vf c) {
+    vf r;
+    FOR_LANES r[i_] = fmaf(a[i_], b[i_], c[i_]);
+    return r;
+}
+INLINE vf v_floor(vf a) {
+    vf r;
+    FOR_LANES r[i_] = floorf(a[i_]);
+    return r;
+}
+INLINE vf v_trunc(vf a) {
+    vf r;
+    FOR_LANES r[i_] = truncf(a[i_]);
+    return r;
+}
+INLINE vf v_rint(vf a) { /* to nearest, ties to even (the default rounding mode, which the kernels keep) */
+    vf r;
+    FOR_LANES r[i_] = nearbyintf(a[i_]);
+    return r;
+}
+INLINE vu v_bits(vf a) { return (vu)a; }
+INLINE vf v_from_bits(vu a) { return (vf)a; }
+INLINE vf v_sel(vm m, vf a, vf b) { return (vf)(((vu)m & (vu)a) | (~(vu)m & (vu)b)); } /* m ? a : b */
+INLINE vm v_lt(vf a, vf b) { return a < b; } /* ordered: false on NaN */
+INLINE vm v_le(vf a, vf b) { return a <= b; }
+INLINE vm v_gt(vf a, vf b) { return a > b; }
+INLINE vm v_ge(vf a, vf b) { return a >= b; }
+INLINE vm v_eq(vf a, vf b) { return a == b; }
+INLINE vm v_isnan(vf a) { return ~(a == a); }
+/* (c < a) ? c : a and (c > a) ? c : a: a NaN ``a`` comes through (the clamps' NaN propagation). */
+INLINE vf v_minc(vf a, vf c) { return v_sel(c < a, c, a); }
+INLINE vf v_maxc(vf a, vf c) { return v_sel(c > a, c, a); }
+INLINE vf v_neg(vf a) { return (vf)((vu)a ^ 0x80000000u); }
+
+/* ---------------------------------------------------------------------------------------- integers */
+INLINE vu u_set(uint32_t x) { return (vu){0} + x; }
+INLINE vu u_zero(void) { return (vu){0}; }
+INLINE vu u_iota(void) { return (vu){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+INLINE vu u_add(vu a, vu b) { return a + b; }
+INLINE vu u_sub(vu a, vu b) { return a - b; }
+INLINE vu u_and(vu a, vu b) { return a & b; }
+INLINE vu u_or(vu a, vu b) { return a | b; }
+#define u_shl(a, n) ((vu)(a) << (n))
+#define u_shr(a, n) ((vu)(a) >> (n))
+#define s_sra(a, n) ((vu)((vs)(a) >> (n)))
+INLINE vu u_sel(vm m, vu a, vu b) { return ((vu)m & a) | (~(vu)m & b); } /* m ? a : b */
+INLINE vu u_shrv(vu a, vu n) { return u_sel((vm)(n < 32u), a >> (n & 31u), u_zero()); } /* 0 past 31 */
+INLINE vu u_min(vu a, vu b) { return u_sel(a < b, a, b); }
+INLINE vu u_max(vu a, vu b) { return u_sel(a > b, a, b); }
+INLINE vu s_max(vu a, vu b) { return u_sel((vs)a > (vs)b, a, b); }
+INLINE vm u_eq(vu a, vu b) { return (vm)(a == b); }
+INLINE vm u_lt(vu a, vu b) { return (vm)(a < b); }
+INLINE vm u_le(vu a, vu b) { return (vm)(a <= b); }
+INLINE vm u_gt(vu a, vu b) { return (vm)(a > b); }
+INLINE vm u_ge(vu a, vu b) { return (vm)(a >= b); }
+INLINE vm s_gt(vu a, vu b) { return (vs)a > (vs)b; }
+INLINE uint32_t u_hmax(vu a) {
+    uint32_t r = 0;
+    FOR_LANES r = a[i_] > r ? a[i_] : r;
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------------ memory */
+/* Masked lanes read nothing (and give 0) and write nothing. Full vectors take one unconditional copy,
+   which compilers turn into vector loads and stores; partial ones (row tails) a call. */
+#define FULL(m) (!m_any(~(m)))
+static __attribute__((noinline)) vu u_load16_part(const uint16_t *p, vm m) {
+    vu r = u_zero();
+    FOR_LANES if (m[i_]) r[i_] = p[i_];
+    return r;
+}
+static __attribute__((noinline)) vu u_load32_part(const uint32_t *p, vm m) {
+    vu r = u_zero();
+    FOR_LANES if (m[i_]) r[i_] = p[i_];
+    return r;
+}
+static __attribute__((noinline)) void u_store16_part(uint16_t *p, vu a, vm m) {
+    FOR_LANES if (m[i_]) p[i_] = (uint16_t)a[i_];
+}
+static __attribute__((noinline)) void u_store32_part(uint32_t *p, vu a, vm m) {
+    FOR_LANES if (m[i_]) p[i_] = a[i_];
+}
+static __attribute__((noinline)) void u_store8_part(uint8_t *p, vu a, vm m) {
+    FOR_LANES if (m[i_]) p[i_] = (uint8_t)a[i_];
+}
+INLINE vu u_load16(const uint16_t *p, vm m) {
+    if (!FULL(m)) return u_load16_part(p, m);
+    uint16_t t[LANES];
+    vu r;
+    memcpy(t, p, sizeof t);
+    FOR_LANES r[i_] = t[i_];
+    return r;
+}
+INLINE vu u_load32(const uint32_t *p, vm m) {
+    if (!FULL(m)) return u_load32_part(p, m);
+    vu r;
+    memcpy(&r, p, sizeof r);
+    return r;
+}
+INLINE void u_store16(uint16_t *p, vu a, vm m) {
+    if (!FULL(m)) {
+        u_store16_part(p, a, m);
+        return;
+    }
+    uint16_t t[LANES];
+    FOR_LANES t[i_] = (uint16_t)a[i_];
+    memcpy(p, t, sizeof t);
+}
+INLINE void u_store32(uint32_t *p, vu a, vm m) {
+    if (!FULL(m)) u_store32_part(p, a, m);
+    else memcpy(p, &a, sizeof a);
+}
+INLINE void u_store8(uint8_t *p, vu a, vm m) {
+    if (!FULL(m)) {
+        u_store8_part(p, a, m);
+        return;
+    }
+    uint8_t t[LANES];
+    FOR_LANES t[i_] = (uint8_t)a[i_];
+    memcpy(p, t, sizeof t);
+}
+INLINE vf v_loadf(const float *p, vm m) { return v_from_bits(u_load32((const uint32_t *)p, m)); }
+INLINE void v_storef(float *p, vf a, vm m) { u_store32((uint32_t *)p, v_bits(a), m); }
+HEAVY vf v_gather(const float *table, vu idx, vm m) {
+    vf r = v_zero();
+    FOR_LANES if (m[i_]) r[i_] = table[idx[i_]];
+    return r;
+}
+HEAVY void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {
+    vu e = u_zero(), o = u_zero();
+    FOR_LANES if (m[i_]) {
+        e[i_] = p[2 * i_];
+        o[i_] = p[2 * i_ + 1];
+    }
+    *even = e;
+    *odd = o;
+}
+HEAVY void u_store32_pairs(uint32_t *p, vu even, vu odd, vm m) {
+    FOR_LANES if (m[i_]) {
+        p[2 * i_] = even[i_];
+        p[2 * i_ + 1] = odd[i_];
+    }
+}
+HEAVY vu u_load16_pairs(const uint16_t *p, vm m) {
+    vu r = u_zero();
+    FOR_LANES if (m[i_]) r[i_] = (uint32_t)p[2 * i_] | ((uint32_t)p[2 * i_ + 1] << 16);
+    return r;
+}
+HEAVY void u_store16_pairs(uint16_t *p, vu even, vu odd, vm m) {
+    FOR_LANES if (m[i_]) {
+        p[2 * i_] = (uint16_t)even[i_];
+        p[2 * i_ + 1] = (uint16_t)odd[i_];
+    }
+}
+
+/* 16 FP4 codes (nibbles in 32-bit lanes) packed two per byte, lane 2j in the low nibble: 8 bytes, ``m``
+   selecting whole pairs of lanes. */
+HEAVY void u_store_nibbles(uint8_t *p, vu codes, vm m) {
+    for (int j = 0; j < LANES / 2; j++)
+        if (m[2 * j]) p[j] = (uint8_t)((codes[2 * j] & 0xFu) | ((codes[2 * j + 1] & 0xFu) << 4));
+}
+
+/* The amax of each of ``nb`` <= 16 consecutive 32-element blocks, as their largest magnitude bits (lanes from
+   nb on are 0). */
+HEAVY vu u_block_amax16(const uint16_t *v, int64_t nb) {
+    vu r = u_zero();
+    for (int64_t k = 0; k < nb; k++) {
+        uint32_t m = 0;
+        for (int j = 0; j < 32; j++) m = (v[32 * k + j] & 0x7FFFu) > m ? (v[32 * k + j] & 0x7FFFu) : m;
+        r[k] = m;
+    }
+    return r;
+}
+HEAVY vu u_block_amax32(const uint32_t *v, int64_t nb) {
+    vu r = u_zero();
+    for (int64_t k = 0; k < nb; k++) {
+        uint32_t m = 0;
+        for (int j = 0; j < 32; j++) m = (v[32 * k + j] & 0x7FFFFFFFu) > m ? (v[32 * k + j] & 0x7FFFFFFFu) : m;
+        r[k] = m;
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------------- 16-bit float conversions */
+/* fp16 bits (low 16 of each lane) -> fp32, exact. Exponent and mantissa move into place and are rebiased;
+   inf/NaN get the top exponent; subnormals are renormalised by one exact fp32 subtraction
+   (2**-14 * (1 + m/1024) - 2**-14 = m * 2**-24). NaN comes out quiet, as from vcvtph2ps. */
+HEAVY vf v_from_fp16(vu bits) {
+    const vu o = (bits & 0x7FFFu) << 13;
+    const vu e = o & 0x0F800000u;
+    vu r = o + 0x38000000u;
+    r = u_sel((vm)(e == 0x0F800000u), r + 0x38000000u, r);
+    const vf sub = (vf)(r + 0x00800000u) - (vf)u_set(0x38800000u);
+    r = u_sel((vm)(e == 0), (vu)sub, r);
+    r |= (bits & 0x8000u) << 16;
+    return (vf)u_sel((vm)((e == 0x0F800000u) & ((bits & 0x3FFu) != 0)), r | 0x00400000u, r);
+}
+/* fp32 -> fp16 bits, RNE, overflow to inf, subnormals kept; NaN -> 0x7E00 (canonical). */
+HEAVY vu u_to_fp16(vf v) {
+    const vu u = (vu)v;
+    const vu a = u & 0x7FFFFFFFu;
+    const vu sign = (u >> 16) & 0x8000u;
+    /* below 2**-14: the fp32 add of 0.5 rounds to a multiple of 2**-24 (RNE) */
+    const vu sub = (vu)((vf)a + 0.5f) - 0x3F000000u;
+    /* normal: rebias and round the 13 dropped mantissa bits to nearest even (a carry may reach inf) */
+    const vu nrm = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    vu h = u_sel((vm)(a < 0x38800000u), sub, nrm);
+    h = u_sel((vm)(a >= 0x47800000u), u_set(0x7C00u), h); /* >= 65536 (or inf): inf */
+    h |= sign;
+    return u_sel((vm)(a > 0x7F800000u), u_set(0x7E00u), h);
+}
+/* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
+INLINE vu u_to_bf16(vf v) {
+    const vu u = (vu)v;
+    const vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return u_sel(v_isnan(v), u_set(0x7FC0u), r);
+}
+
+#endif

@@ -1,0 +1,96 @@
+/* swiglu_ops cpu backend: the C library's whole interface, declared once.
+
+   This file is read by the C sources and, at import, by cffi (swiglu_ops/cpu/_loader.py), so it holds
+   only what cffi's parser takes: integer #defines, typedefs and prototypes (no #include, no #if).
+   Tensors are C-contiguous; element types are given by ``dtype``; every size and index is 64-bit. */
+
+/* element types of the float tensors */
+#define SWIGLU_BF16 0
+#define SWIGLU_FP16 1
+#define SWIGLU_FP32 2
+
+/* instruction sets, one build of the kernels each (AVX512_BF16: AVX-512 with AVX512-BF16) */
+#define SWIGLU_ISA_PORTABLE 0
+#define SWIGLU_ISA_AVX2 1
+#define SWIGLU_ISA_AVX512 2
+#define SWIGLU_ISA_AVX512_BF16 3
+
+/* the GLU operators (swiglu_glu_args.op) */
+#define SWIGLU_OP_GROUP_GRAD 0
+#define SWIGLU_OP_CLIPPED_FWD 1
+#define SWIGLU_OP_CLIPPED_BWD 2
+
+/* activation functions of A (numerics.h act_eval; tables of them for 16-bit inputs) */
+#define SWIGLU_ACT_SIGMOID 0
+#define SWIGLU_ACT_GLU 1
+#define SWIGLU_ACT_GLU_SIG 2
+#define SWIGLU_ACT_SILU_MIN 3
+
+/* MX element formats and FP4 round modes */
+#define SWIGLU_FMT_E4M3 0
+#define SWIGLU_FMT_E5M2 1
+#define SWIGLU_FMT_E2M1 2
+#define SWIGLU_FMT_E1M2 3
+#define SWIGLU_ROUND_RINT 0
+#define SWIGLU_ROUND_ROUND 1
+#define SWIGLU_ROUND_FLOOR 2
+
+/* Bumped whenever a struct or prototype below changes: a library built from another version of this file
+   is refused at load. */
+#define SWIGLU_ABI_VERSION 1
+
+/* Which member of the GLU family (swiglu_ops.glu.GluParams), and its activation tables. */
+typedef struct {
+    int32_t interleaved; /* A and B are the even and odd elements of a row, else its two halves */
+    int32_t a_index;     /* 0: A is the left half (even elements); 1: the right half (odd elements) */
+    int32_t clipped;     /* the GPT-OSS clipped SwiGLU (alpha, limit, bias, clamp_mode); 0: plain SwiGLU */
+    int32_t clamp_mode;  /* clipped: 0 clamps A before the activation, 1 clamps its output */
+    float alpha, limit, bias;
+    int32_t reserved;
+    const float *table;  /* 16-bit dtypes: the activation of every input bit pattern (swiglu_act_table) */
+    const float *table2; /* the second one where an operator needs two */
+} swiglu_glu;
+
+/* swiglu_group_grad (SwigluGroupGrad), clipped_swiglu (ClippedSwiglu), clipped_swiglu_grad. */
+typedef struct {
+    int32_t op;    /* SWIGLU_OP_* */
+    int32_t dtype; /* of x, dy, y_origin and the output */
+    int64_t rows, cols;   /* x [rows, cols]: cols / 2 pairs (A, B) per row */
+    int64_t valid_rows;   /* rows >= valid_rows: masked (group grad: times 0; clipped ops: +0.0) */
+    const void *x;
+    const void *dy;       /* backward: [rows, cols / 2] */
+    void *out;            /* forward: y [rows, cols / 2]; backward: grad_x [rows, cols] */
+    const float *weight;  /* group grad: [rows] routing weight, or NULL */
+    const void *y_origin; /* group grad with weight: [rows, cols / 2] */
+    float *grad_weight;   /* group grad with weight: [rows] */
+    float clamp;          /* group grad: > 0 enables the open-interval clamp */
+    int32_t reserved;
+    swiglu_glu glu;
+} swiglu_glu_args;
+
+/* swiglu_backward_mx_quant_dual_axis and swiglu_mx_quant_dual_axis: stage 1 of the GLU family, rounded
+   to dtype, quantised along both axes in 32-element blocks (token-axis blocks restart at every group). */
+typedef struct {
+    int32_t backward; /* 1: SwiGLU backward (y [.., cols]); 0: forward (y [.., cols / 2]) */
+    int32_t dtype;
+    int64_t batch, m, cols; /* x [batch, m, cols] */
+    int64_t n_groups;       /* cumulative row ends group_ends[n_groups] (batch 1), or 0 */
+    int64_t s2_rows;        /* rows of mxscale2 [batch, s2_rows, width, 2] */
+    const void *x;
+    const void *dy;         /* backward: [batch, m, cols / 2] */
+    const int64_t *group_ends;
+    uint8_t *y1, *s1, *y2, *s2; /* element codes (FP4: two per byte, 2j low), scale codes */
+    int32_t format, scale_alg, round_mode, reserved;
+    swiglu_glu glu;
+} swiglu_mx_args;
+
+int32_t swiglu_cpu_abi_version(void);
+/* The first 16 hex digits of the sha256 of the C sources this library was built from. */
+const char *swiglu_cpu_source_hash(void);
+/* 1 if this build holds the kernels for ``isa`` and this CPU runs them. */
+int32_t swiglu_cpu_isa_supported(int32_t isa);
+/* The activation ``kind`` (SWIGLU_ACT_*) of each of the 65,536 bit patterns of a 16-bit dtype. */
+void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, float *out, int32_t isa);
+/* The operators; return 0, or -1 for arguments outside the contract (checked by the Python side first). */
+int32_t swiglu_glu_run(const swiglu_glu_args *args, int32_t isa, int32_t n_threads);
+int32_t swiglu_mx_run(const swiglu_mx_args *args, int32_t isa, int32_t n_threads);
