@@ -3,12 +3,15 @@
 - :func:`clamped_swiglu` / :class:`ClampedSwiGLU`: the MoE expert activation
   ``y = silu(min(g, c)) * clip(u, -c, c) * w`` with a row mask, whose backward is the fused
   ``swiglu_group_grad`` operator.
-- :func:`swiglu_mx_backward`: plain SwiGLU ``y = silu(A) * B`` whose backward is the fused SwiGLU backward +
-  dual-axis MXFP8 quantisation (``swiglu_backward_mx_quant_dual_axis``); autograd receives the dequantised
-  gradient and :class:`MXGradient` keeps the quantised tensors for FP8 GEMMs.
+- :class:`ClippedSwiGLU` / :class:`ClippedSwigluFunction`: GPT-OSS's clipped SwiGLU
+  ``A~ * sigmoid(alpha * A~) * (clip(B, -L, L) + bias)`` (``clipped_swiglu`` forward, ``clipped_swiglu_grad``
+  backward); :func:`swiglu_ops.clipped_swiglu` itself is differentiable through it.
+- :func:`swiglu_mx_backward`: SwiGLU ``y = silu(A) * B`` (or the GPT-OSS clipped SwiGLU) whose backward is
+  the fused SwiGLU backward + dual-axis MXFP8 quantisation (``swiglu_backward_mx_quant_dual_axis``); autograd
+  receives the dequantised gradient and :class:`MXGradient` keeps the quantised tensors for FP8 GEMMs.
 
-Both backwards call the registered custom ops (``torch.ops.swiglu_ops.*``), so they trace under
-``torch.compile``.
+The backwards (and the clipped forward) call the registered custom ops (``torch.ops.swiglu_ops.*``), so they
+trace under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -18,11 +21,21 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from . import _api, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
+from .glu import split_columns
 from .mx import mx_dequantize
+from .reference import glu as glu_math
 
-__all__ = ["clamped_swiglu", "ClampedSwiGLU", "MXGradient", "swiglu_mx_backward"]
+__all__ = [
+    "clamped_swiglu",
+    "ClampedSwiGLU",
+    "ClippedSwigluFunction",
+    "ClippedSwiGLU",
+    "MXGradient",
+    "swiglu_mx_backward",
+]
 
 _ops = torch.ops.swiglu_ops
 
@@ -124,6 +137,115 @@ class ClampedSwiGLU(torch.nn.Module):
         return f"clamp_limit={self.clamp_limit}, backend={self.backend!r}"
 
 
+# ---------------------------------------------------------------------------- clipped SwiGLU (GPT-OSS)
+
+
+class ClippedSwigluFunction(torch.autograd.Function):
+    """Autograd of :func:`swiglu_ops.clipped_swiglu` (clipped_swiglu.md section 10).
+
+    ``ClippedSwigluFunction.apply(x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode, backend)``
+    runs the ``clipped_swiglu`` operator and saves only x (and group_index): the backward recomputes from x,
+    as CANN's grad does. Backward:
+
+    - ``clamp_mode=0``: ``clipped_swiglu_grad`` with the same attributes (exactly CANN ClippedSwigluGrad;
+      at the clamp boundaries it equals torch autograd of the GPT-OSS formula: closed intervals).
+    - ``clamp_mode=1``: CANN has no backward; the library's extension, the exact derivative of the
+      clamp_mode-1 forward with closed masks applied by a select (a masked position is +0.0).
+
+    Rows past the valid count get +0.0. No gradient for group_index; no double backward.
+    """
+
+    # The operators are called through swiglu_ops._api, which in eager mode skips the custom-op dispatcher
+    # (tens of microseconds per call) and while torch.compile traces emits the custom ops (one opaque node).
+
+    @staticmethod
+    def forward(ctx, x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode, backend):
+        y = _api.clipped_swiglu(
+            x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+            clamp_mode=clamp_mode, backend=backend,
+        )  # fmt: skip
+        ctx.save_for_backward(x, group_index)
+        ctx.attrs = dict(
+            dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved, backend=backend
+        )
+        ctx.clamp_mode = clamp_mode
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        x, group_index = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_y = grad_y.to(x.dtype)
+            if ctx.clamp_mode == 0:
+                grad_x = _api.clipped_swiglu_grad(grad_y, x, group_index, **ctx.attrs)
+            else:
+                a = ctx.attrs
+                grad_x = _api.clipped_swiglu_grad_mode1(
+                    grad_y, x, group_index, dim=a["dim"], limit=a["limit"], interleaved=a["interleaved"],
+                    backend=a["backend"],
+                )  # fmt: skip
+        return grad_x, None, None, None, None, None, None, None, None
+
+
+class ClippedSwiGLU(torch.nn.Module):
+    """GPT-OSS's clipped SwiGLU activation as a module, fused forward and backward.
+
+    ``ClippedSwiGLU()(x)`` computes, for ``A = x[..., ::2]`` (gate) and ``B = x[..., 1::2]`` (up)::
+
+        A~ = min(A, limit);  y = A~ * sigmoid(alpha * A~) * (clip(B, -limit, limit) + bias)
+
+    in fp32, rounded once to x's dtype (CANN ClippedSwiglu, the operator :func:`swiglu_ops.clipped_swiglu`);
+    the backward is CANN ClippedSwigluGrad (:func:`swiglu_ops.clipped_swiglu_grad`), recomputed from x. The
+    defaults are the GPT-OSS preset (openai ``swiglu``, Hugging Face ``GptOssExperts``): ``alpha=1.702``,
+    ``limit=7.0``, ``bias=1.0``, interleaved gate/up.
+
+    Args:
+        dim: the axis whose size is halved (x is viewed as ``[prod(shape[:dim]), prod(shape[dim:])]``;
+            interleaved pairs are consecutive elements of that flattened row, also when ``dim != -1``).
+        alpha, limit, bias: see above (fp32 values; ``limit > 0``, ``inf`` disables the clamp).
+        interleaved: gate/up are the even/odd elements (True) or the two halves (False).
+        clamp_mode: 0 (GPT-OSS: clamp the gate, then the activation) or 1 (clamp the activation's output,
+            ``y = min(silu(A), limit) * clip(B)``; alpha and bias unused; the backward is a swiglu_ops
+            extension, see :class:`ClippedSwigluFunction`).
+        backend: "auto", "reference", "cpu" or "triton".
+
+    ``forward(x, group_index=None)``: ``group_index`` holds group **counts** (1-D int64/int32): rows
+    ``>= clamp(sum, 0, rows)`` of the ``[pre, cut]`` view output +0.0 and get a +0.0 gradient.
+    """
+
+    def __init__(
+        self,
+        dim: int = -1,
+        alpha: float = 1.702,
+        limit: float = 7.0,
+        bias: float = 1.0,
+        interleaved: bool = True,
+        clamp_mode: int = 0,
+        *,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        _api.glu_params(
+            interleaved=interleaved, clipped=True, alpha=alpha, limit=limit, bias=bias, clamp_mode=clamp_mode
+        )  # errors at construction, naming the argument
+        self.dim, self.alpha, self.limit, self.bias = dim, alpha, limit, bias
+        self.interleaved, self.clamp_mode, self.backend = interleaved, clamp_mode, backend
+
+    def forward(self, x: torch.Tensor, group_index: torch.Tensor | None = None) -> torch.Tensor:
+        return ClippedSwigluFunction.apply(
+            x, group_index, self.dim, self.alpha, self.limit, self.bias, self.interleaved, self.clamp_mode,
+            self.backend,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, alpha={self.alpha}, limit={self.limit}, bias={self.bias}, "
+            f"interleaved={self.interleaved}, clamp_mode={self.clamp_mode}, backend={self.backend!r}"
+        )
+
+
 # ----------------------------------------------------------------------------------- MX-quantised backward
 
 
@@ -145,16 +267,27 @@ class MXGradient:
 
 class _SwiGLUMXFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group_index, activate_left, scale_alg, dst_dtype, backend, capture):
+    def forward(ctx, x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss):
+        limit, alpha, bias, interleaved = gpt_oss
+        scale_alg = _api.bwd_mx_scale_alg(scale_alg)
         _api.validate_mx_quant(x, _half(x), group_index, activate_left, "rint", scale_alg, dst_dtype, 0.0)
-        n = x.shape[-1] // 2
-        a, b = (x[..., :n], x[..., n:]) if activate_left else (x[..., n:], x[..., :n])
+        glu = _api.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+        a_cols, b_cols = split_columns(x.shape[-1], glu)
+        xf = x.float()
         ctx.save_for_backward(x, group_index)
         ctx.options = dict(
-            activate_left=activate_left, scale_alg=scale_alg, dst_dtype=dst_dtype, backend=backend
+            activate_left=activate_left,
+            scale_alg=scale_alg,
+            dst_dtype=dst_dtype,
+            limit=limit,
+            alpha=alpha,
+            bias=bias,
+            interleaved=interleaved,
+            backend=backend,
         )
         ctx.capture = capture
-        return (F.silu(a.float()) * b.float()).to(x.dtype)
+        # The activation whose gradient the operator's stage 1 computes, in fp32, rounded once.
+        return glu_math.forward(xf[..., a_cols], xf[..., b_cols], glu).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -165,7 +298,7 @@ class _SwiGLUMXFunction(torch.autograd.Function):
         if ctx.capture is not None:
             ctx.capture.y1, ctx.capture.mxscale1, ctx.capture.y2, ctx.capture.mxscale2 = y1, s1, y2, s2
             ctx.capture.group_index = group_index
-        return mx_dequantize(y1, s1, axis=-1, dtype=x.dtype), None, None, None, None, None, None
+        return mx_dequantize(y1, s1, axis=-1, dtype=x.dtype), None, None, None, None, None, None, None
 
 
 def swiglu_mx_backward(
@@ -177,11 +310,18 @@ def swiglu_mx_backward(
     dst_dtype=torch.float8_e4m3fn,
     backend="auto",
     capture: MXGradient | None = None,
+    limit=None,
+    alpha=None,
+    bias=None,
+    interleaved=False,
 ):
-    """Plain SwiGLU ``y = silu(A) * B`` whose gradient is MX-quantised by the fused operator.
+    """SwiGLU ``y = silu(A) * B`` (or GPT-OSS's clipped SwiGLU) whose gradient is MX-quantised by the fused
+    operator.
 
-    The forward is exact (fp32 math rounded to x's dtype). The backward runs
-    ``swiglu_backward_mx_quant_dual_axis`` (no clamp, no routing weight: it is the plain SwiGLU backward) and
+    The forward is exact (fp32 math rounded to x's dtype): plain ``(A / (exp(-A) + 1)) * B``, or with
+    ``limit``/``alpha``/``bias`` the clipped SwiGLU of :func:`swiglu_ops.clipped_swiglu` (clamp_mode 0).
+    The backward runs ``swiglu_backward_mx_quant_dual_axis`` with the same arguments (its stage 1 is that
+    activation's gradient; no routing weight) and
     returns the **row-wise** dequantised gradient ``fp8(y1) * 2**(mxscale1 - 127)`` in x's dtype to autograd,
     i.e. the gradient a dgrad GEMM on ``(y1, mxscale1)`` sees. Pass an :class:`MXGradient` as ``capture`` to
     also receive the quantised tensors (``y1``, ``mxscale1``, ``y2``, ``mxscale2``) for FP8 GEMMs (eager
@@ -192,5 +332,10 @@ def swiglu_mx_backward(
         group_index: 1-D int64/int32 cumulative row **ends** (2-D x only); token-axis blocks restart at every
             group start. Must end at M.
         scale_alg, dst_dtype, backend: as in :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis`.
+        limit, alpha, bias: the GPT-OSS clipped SwiGLU (e.g. 7.0, 1.702, 1.0), all three or none.
+        interleaved: A/B are the even/odd columns of x (GPT-OSS's layout) instead of its halves.
     """
-    return _SwiGLUMXFunction.apply(x, group_index, activate_left, scale_alg, dst_dtype, backend, capture)
+    gpt_oss = (limit, alpha, bias, interleaved)
+    return _SwiGLUMXFunction.apply(
+        x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss
+    )

@@ -1,0 +1,121 @@
+"""Integrations with model libraries: :func:`patch_gpt_oss` puts the fused clipped SwiGLU into a Hugging Face
+``transformers`` GPT-OSS model (optional dependency: ``pip install "swiglu-ops[hf]"``).
+
+How Hugging Face computes the GPT-OSS expert activation (``transformers/models/gpt_oss/modeling_gpt_oss.py``,
+``GptOssExperts._apply_gate``, transformers 5.x)::
+
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=self.limit)
+    up = up.clamp(min=-self.limit, max=self.limit)
+    glu = gate * torch.sigmoid(gate * self.alpha)
+    return (up + 1) * glu
+
+with ``self.alpha = config.swiglu_alpha`` (1.702) and ``self.limit = config.swiglu_limit`` (7.0). That is
+``clipped_swiglu(gate_up, alpha=alpha, limit=limit, bias=1.0, interleaved=True, clamp_mode=0)``
+(clipped_swiglu.md section 9: the same function; CANN's fp32 evaluation rounds once instead of once per op).
+Every expert code path of ``GptOssExperts`` calls ``self._apply_gate(gate_up)`` on the ``[tokens, 2I]``
+output of the gate/up projection: the original per-expert loop ("eager") and the ``batched_mm`` and
+``grouped_mm`` paths of ``transformers.integrations.moe`` (all three run on CPU; the CUDA-only ones,
+``deepgemm`` and ``sonicmoe``, call it too). The patch replaces exactly that method, per module instance, by
+the fused operator with its fused backward; routing, projections and weights stay Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .nn import ClippedSwigluFunction
+
+__all__ = ["patch_gpt_oss", "is_patched"]
+
+#: GPT-OSS adds 1 to the clipped up projection (``(up + 1) * glu``); it is not a config attribute.
+GPT_OSS_BIAS = 1.0
+_MARK = "_swiglu_ops_backend"
+
+
+def _experts_class():
+    try:
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            'patch_gpt_oss needs Hugging Face transformers with GPT-OSS support: pip install "swiglu-ops[hf]"'
+        ) from exc
+    if not callable(getattr(GptOssExperts, "_apply_gate", None)):
+        raise NotImplementedError(
+            "this transformers version computes the GPT-OSS activation inside GptOssExperts.forward (no "
+            "_apply_gate method to replace); patch_gpt_oss supports transformers versions with "
+            "GptOssExperts._apply_gate (5.x)"
+        )
+    return GptOssExperts
+
+
+def _fused_apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+    """``GptOssExperts._apply_gate``, fused: ``[..., 2I]`` interleaved gate/up -> ``[..., I]``."""
+    return ClippedSwigluFunction.apply(
+        gate_up, None, -1, self.alpha, self.limit, GPT_OSS_BIAS, True, 0, getattr(self, _MARK)
+    )
+
+
+def _check_same_function(experts, original) -> None:
+    """The patch assumes Hugging Face's ``_apply_gate`` is the GPT-OSS clipped SwiGLU (module docstring).
+    A probe in fp32 (values on both sides of +-limit) catches a transformers version where it is not."""
+    device = next((p.device for p in experts.parameters()), torch.device("cpu"))
+    if device.type == "meta":  # no data to run on (e.g. a model built under init_empty_weights)
+        return
+    limit = float(experts.limit)
+    scale = limit if limit < 1e30 else 8.0
+    probe = torch.linspace(-1.5, 1.5, 48, dtype=torch.float32, device=device).reshape(2, 24) * scale
+    with torch.no_grad():
+        expected = original(experts, probe)
+        got = _fused_apply_gate(experts, probe)
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        raise RuntimeError(
+            "transformers' GptOssExperts._apply_gate no longer computes the GPT-OSS clipped SwiGLU "
+            f"(interleaved gate/up, alpha={experts.alpha}, limit={experts.limit}, +1); not patching"
+        )
+
+
+def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.Module:
+    """Make every ``GptOssExperts`` of a Hugging Face GPT-OSS model use the fused clipped SwiGLU.
+
+    Replaces each expert module's ``_apply_gate`` (Hugging Face's activation, module docstring) by
+    :class:`swiglu_ops.nn.ClippedSwigluFunction` with the module's own ``alpha`` and ``limit`` (read at call
+    time), ``bias=1.0``, interleaved gate/up: forward ``clipped_swiglu`` and backward
+    ``clipped_swiglu_grad``, each one fused pass computed in fp32 and rounded once to the activation dtype.
+    Works for every expert implementation that calls ``_apply_gate`` (``eager``, ``batched_mm``,
+    ``grouped_mm``), in training and inference. Weights, state dict and routing are untouched. Calling it
+    again only updates the backend.
+
+    Args:
+        model: a ``GptOssForCausalLM``, ``GptOssModel`` or any module containing ``GptOssExperts``.
+        backend: backend of the fused operators ("auto", "reference", "cpu", "triton").
+
+    Returns:
+        ``model`` itself, patched in place.
+
+    Raises:
+        ValueError: the model has no ``GptOssExperts`` module.
+        RuntimeError: the installed transformers computes another activation (checked on a probe).
+    """
+    experts_class = _experts_class()
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    experts = [m for m in model.modules() if isinstance(m, experts_class)]
+    if not experts:
+        raise ValueError(
+            f"model must contain GptOssExperts modules (a GPT-OSS model), got {type(model).__name__}"
+        )
+    for module in experts:
+        setattr(module, _MARK, backend)
+        if not is_patched(module):
+            _check_same_function(module, experts_class._apply_gate)
+            module._apply_gate = types.MethodType(_fused_apply_gate, module)
+    return model
+
+
+def is_patched(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (a ``GptOssExperts``) runs the fused activation of :func:`patch_gpt_oss`."""
+    bound = module.__dict__.get("_apply_gate")
+    return isinstance(bound, types.MethodType) and bound.__func__ is _fused_apply_gate

@@ -1,0 +1,52 @@
+"""Reference ClippedSwiglu / ClippedSwigluGrad: ``shared/spec/clipped_swiglu.md`` section 12, step by step.
+
+The math of both directions (operation order of sections 3 and 4, the clamp_mode-1 extension of section 10)
+is :mod:`swiglu_ops.reference.glu`; this module adds what is specific to the two operators: the split of the
+``[pre, cut]`` rows into A and B (interleaved or chunked), the row bound ``valid_rows`` (rows past it are
++0.0, selected, never computed into the result), and the single rounding to the I/O dtype (RNE; fp16
+overflow becomes inf).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..glu import GluParams, split_columns
+from . import glu as glu_math
+
+
+def _row_mask(rows: int, valid_rows: torch.Tensor | None, device) -> torch.Tensor | None:
+    """``[rows, 1]`` bool, True for the rows ``< valid_rows`` (None: every row is valid)."""
+    if valid_rows is None:
+        return None
+    return (torch.arange(rows, device=device) < valid_rows).unsqueeze(1)
+
+
+def _zero_invalid_rows(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Rows past the valid count become exactly +0.0, whatever was computed there (a select)."""
+    if keep is None:
+        return values
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def clipped_swiglu(x: torch.Tensor, valid_rows, glu: GluParams, y: torch.Tensor) -> None:
+    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y [R, C/2]."""
+    rows, cols = x.shape
+    a_cols, b_cols = split_columns(cols, glu)
+    xf = x.float()
+    out = glu_math.forward(xf[:, a_cols], xf[:, b_cols], glu)
+    y.copy_(_zero_invalid_rows(out, _row_mask(rows, valid_rows, x.device)))  # one rounding, RNE
+
+
+def clipped_swiglu_grad(
+    dy: torch.Tensor, x: torch.Tensor, valid_rows, glu: GluParams, grad_x: torch.Tensor
+) -> None:
+    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x [R, C]."""
+    rows, cols = x.shape
+    a_cols, b_cols = split_columns(cols, glu)
+    xf = x.float()
+    grad_a, grad_b = glu_math.backward(xf[:, a_cols], xf[:, b_cols], dy.float(), glu)
+    grad = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
+    grad[:, a_cols] = grad_a
+    grad[:, b_cols] = grad_b
+    grad_x.copy_(_zero_invalid_rows(grad, _row_mask(rows, valid_rows, x.device)))  # one rounding, RNE
