@@ -67,6 +67,53 @@ def dequant(data=None, scale=None, **kwargs):
     return lambda: swiglu_ops.mx_dequantize(data, scale, **kwargs)
 
 
+E2M1, E1M2, E8M0 = torch.float4_e2m1fn_x2, swiglu_ops.float4_e1m2fn_x2, torch.float8_e8m0fnu
+
+
+def mx_fwd(**over):
+    """swiglu_mx_quant_dual_axis with a valid bf16 (4, 40) x (N = 20), ``over`` replacing some arguments."""
+    kwargs = {"x": ones(4, 40, dtype=BF16), "group_index": None, "backend": "reference"}
+    kwargs.update(over)
+    return lambda: swiglu_ops.swiglu_mx_quant_dual_axis(**kwargs)
+
+
+def mx_fwd_out(index=None, tensor=None, dst=torch.float8_e4m3fn):
+    """A valid ``out`` tuple for mx_fwd()'s x and ``dst``, entry ``index`` replaced by ``tensor``."""
+    y_dtype, width = {E2M1: (E2M1, 10), E1M2: (torch.uint8, 10)}.get(dst, (dst, 20))
+    out = [
+        torch.empty(4, width, dtype=y_dtype),
+        torch.empty(4, 1, 2, dtype=E8M0),
+        torch.empty(4, width, dtype=y_dtype),
+        torch.empty(1, 20, 2, dtype=E8M0),
+    ]
+    if index is not None:
+        out[index] = tensor
+    return tuple(out)
+
+
+def clipped(**over):
+    """clipped_swiglu with a valid fp32 (4, 32) x, ``over`` replacing some arguments."""
+    kwargs = {"x": ones(4, 32), "group_index": None, "backend": "reference"}
+    kwargs.update(over)
+    return lambda: swiglu_ops.clipped_swiglu(**kwargs)
+
+
+def clipped_grad(**over):
+    """clipped_swiglu_grad with valid fp32 (4, 16) / (4, 32) arguments, ``over`` replacing some of them."""
+    kwargs = {"grad_y": ones(4, 16), "x": ones(4, 32), "group_index": None, "backend": "reference"}
+    kwargs.update(over)
+    return lambda: swiglu_ops.clipped_swiglu_grad(**kwargs)
+
+
+def _overlapping_out(x: torch.Tensor, shape) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` sharing x's memory."""
+    return x.view(-1)[: torch.Size(shape).numel()].view(shape)
+
+
+_CLIPPED_X = ones(4, 32)
+_CLIPPED_DY_BASE = ones(8, 16)  # grad_y is its first half; a (4, 32) view of it overlaps grad_y
+
+
 REJECTED = [
     # --- swiglu_group_grad: aclnn 2.1 / UT 7.3 / torch 2.4
     ("gg: grad_y missing", group_grad(grad_y=None), TypeError, "grad_y"),
@@ -306,6 +353,147 @@ REJECTED = [
         r"out\[2\] \(y2\).*contiguous",
     ),
     ("mx: unknown backend", mx_quant(backend="cuda"), ValueError, "backend must be one of"),
+    # --- swiglu_backward_mx_quant_dual_axis: the GPT-OSS arguments (README 6.1/6.2)
+    ("mx: limit without alpha/bias", mx_quant(limit=7.0), ValueError, "limit, alpha and bias"),
+    ("mx: alpha without limit/bias", mx_quant(alpha=1.702), ValueError, "limit, alpha and bias"),
+    (
+        "mx: limit and alpha without bias",
+        mx_quant(limit=7.0, alpha=1.702),
+        ValueError,
+        "limit, alpha and bias",
+    ),
+    ("mx: gpt-oss limit 0", mx_quant(limit=0.0, alpha=1.702, bias=1.0), ValueError, "limit must be > 0"),
+    ("mx: gpt-oss limit NaN", mx_quant(limit=NAN, alpha=1.702, bias=1.0), ValueError, "limit must be > 0"),
+    ("mx: gpt-oss alpha string", mx_quant(limit=7.0, alpha="1.7", bias=1.0), TypeError, "alpha"),
+    ("mx: gpt-oss bias bool", mx_quant(limit=7.0, alpha=1.702, bias=True), TypeError, "bias"),
+    ("mx: interleaved int", mx_quant(interleaved=1), TypeError, "interleaved"),
+    ("mx: scale_alg string", mx_quant(scale_alg="1"), TypeError, "scale_alg"),
+    # --- clipped_swiglu: clipped_swiglu.md 2.1 / 2.3 / UT 8.5 / README 6.1
+    ("cs: x missing", clipped(x=None), TypeError, "x must be a torch.Tensor"),
+    ("cs: x not a tensor", clipped(x=[[1.0] * 32] * 4), TypeError, "x must be a torch.Tensor"),
+    ("cs: UT int8 x", clipped(x=ones(4, 32, dtype=torch.int8)), TypeError, "x must be bfloat16"),
+    ("cs: double x", clipped(x=ones(4, 32, dtype=torch.float64)), TypeError, "x must be bfloat16"),
+    ("cs: UT empty shape (rank 0)", clipped(x=torch.tensor(1.0)), ValueError, "x must have rank 1..8"),
+    ("cs: rank 9", clipped(x=ones(1, 1, 1, 1, 1, 1, 1, 1, 2)), ValueError, "x must have rank 1..8"),
+    ("cs: UT dim = 10", clipped(dim=10), ValueError, r"dim must be in \[-2, 1\]"),
+    ("cs: dim = -3 on rank 2", clipped(dim=-3), ValueError, "dim must be in"),
+    ("cs: dim float", clipped(dim=1.0), TypeError, "dim must be an int"),
+    ("cs: dim bool", clipped(dim=True), TypeError, "dim must be an int"),
+    ("cs: UT (1, 3): odd x.shape[dim]", clipped(x=ones(1, 3)), ValueError, r"x.shape\[dim\] must be even"),
+    ("cs: odd x.shape[dim], dim 0", clipped(x=ones(3, 4), dim=0), ValueError, r"x.shape\[dim\] must be even"),
+    ("cs: UT limit 0", clipped(limit=0.0), ValueError, "limit must be > 0"),
+    ("cs: UT limit -1", clipped(limit=-1.0), ValueError, "limit must be > 0"),
+    ("cs: limit NaN", clipped(limit=NAN), ValueError, "limit must be > 0"),
+    ("cs: limit -inf", clipped(limit=-INF), ValueError, "limit must be > 0"),
+    ("cs: limit 1e-50 (0 in fp32)", clipped(limit=1e-50), ValueError, "limit must be > 0"),
+    ("cs: limit string", clipped(limit="7"), TypeError, "limit must be a real number"),
+    ("cs: limit bool", clipped(limit=True), TypeError, "limit must be a real number"),
+    ("cs: alpha None", clipped(alpha=None), TypeError, "alpha must be a real number"),
+    ("cs: bias string", clipped(bias="1"), TypeError, "bias must be a real number"),
+    ("cs: clamp_mode 2", clipped(clamp_mode=2), ValueError, "clamp_mode must be 0"),
+    ("cs: clamp_mode -1", clipped(clamp_mode=-1), ValueError, "clamp_mode must be 0"),
+    ("cs: clamp_mode float", clipped(clamp_mode=1.0), TypeError, "clamp_mode must be an int"),
+    ("cs: clamp_mode bool", clipped(clamp_mode=True), TypeError, "clamp_mode must be an int"),
+    ("cs: interleaved int", clipped(interleaved=1), TypeError, "interleaved must be a bool"),
+    (
+        "cs: UT float group_index",
+        clipped(group_index=ones(1)),
+        TypeError,
+        "group_index must be int64 or int32",
+    ),
+    ("cs: group_index int16", clipped(group_index=ones(1, dtype=torch.int16)), TypeError, "group_index"),
+    (
+        "cs: UT 2-D group_index",
+        clipped(group_index=torch.ones(1, 1, dtype=torch.int64)),
+        ValueError,
+        "group_index",
+    ),
+    (
+        "cs: empty group_index",
+        clipped(group_index=torch.zeros(0, dtype=torch.int64)),
+        ValueError,
+        "group_index",
+    ),
+    (
+        "cs: UT group_index (8193,)",
+        clipped(group_index=torch.ones(8193, dtype=torch.int64)),
+        ValueError,
+        "group_index must have at most 8192 entries",
+    ),
+    (
+        "cs: group_index on another device",
+        clipped(group_index=torch.ones(1, dtype=torch.int64, device="meta")),
+        ValueError,
+        "group_index must be on the same device",
+    ),
+    ("cs: UT y rank mismatch (out)", clipped(out=ones(4, 16, 1)), ValueError, "out must have shape"),
+    ("cs: UT y[dim] wrong (out)", clipped(out=ones(4, 32)), ValueError, "out must have shape"),
+    ("cs: out dtype", clipped(out=ones(4, 16, dtype=BF16)), TypeError, "out must have dtype"),
+    ("cs: out strided", clipped(out=ones(16, 4).t()), ValueError, "out must be contiguous"),
+    ("cs: out on another device", clipped(out=ones(4, 16, device="meta")), ValueError, "out must be on"),
+    (
+        "cs: out overlaps x",
+        clipped(x=_CLIPPED_X, out=_overlapping_out(_CLIPPED_X, (4, 16))),
+        ValueError,
+        "out must not overlap x",
+    ),
+    (
+        "cs: out with x requiring grad",
+        clipped(x=ones(4, 32).requires_grad_(), out=ones(4, 16)),
+        ValueError,
+        "out=",
+    ),
+    ("cs: unknown backend", clipped(backend="numpy"), ValueError, "backend must be one of"),
+    ("cs: backend not a string", clipped(backend=None), TypeError, "backend must be a string"),
+    # --- clipped_swiglu_grad: clipped_swiglu.md 2.2 / 2.3 / UT 8.5
+    ("csg: grad_y missing", clipped_grad(grad_y=None), TypeError, "grad_y must be a torch.Tensor"),
+    ("csg: x missing", clipped_grad(x=None), TypeError, "x must be a torch.Tensor"),
+    ("csg: x int32", clipped_grad(x=ones(4, 32, dtype=torch.int32)), TypeError, "x must be bfloat16"),
+    (
+        "csg: grad_y dtype != x",
+        clipped_grad(grad_y=ones(4, 16, dtype=F16)),
+        TypeError,
+        "grad_y must have the dtype",
+    ),
+    ("csg: grad_y last dim", clipped_grad(grad_y=ones(4, 32)), ValueError, "grad_y must have shape"),
+    ("csg: grad_y rank", clipped_grad(grad_y=ones(1, 4, 16)), ValueError, "grad_y must have shape"),
+    ("csg: grad_y other dim", clipped_grad(grad_y=ones(5, 16)), ValueError, "grad_y must have shape"),
+    ("csg: grad_y for dim 0", clipped_grad(dim=0), ValueError, "grad_y must have shape"),
+    ("csg: UT (1, 3) infershape", clipped_grad(x=ones(1, 3), grad_y=ones(1, 1)), ValueError, "must be even"),
+    ("csg: dim out of range", clipped_grad(dim=2), ValueError, "dim must be in"),
+    ("csg: limit 0", clipped_grad(limit=0.0), ValueError, "limit must be > 0"),
+    ("csg: limit NaN (torch wrapper)", clipped_grad(limit=NAN), ValueError, "limit must be > 0"),
+    ("csg: alpha string", clipped_grad(alpha="x"), TypeError, "alpha"),
+    ("csg: interleaved None", clipped_grad(interleaved=None), TypeError, "interleaved"),
+    ("csg: no clamp_mode (CANN's grad has none)", clipped_grad(clamp_mode=1), TypeError, "clamp_mode"),
+    (
+        "csg: group_index (8193,) (documented G <= 8192)",
+        clipped_grad(group_index=torch.ones(8193, dtype=torch.int64)),
+        ValueError,
+        "at most 8192",
+    ),
+    (
+        "csg: empty group_index (CANN: 'absent')",
+        clipped_grad(group_index=torch.zeros(0, dtype=torch.int64)),
+        ValueError,
+        "group_index",
+    ),
+    (
+        "csg: grad_y on another device",
+        clipped_grad(grad_y=ones(4, 16, device="meta")),
+        ValueError,
+        "grad_y must be on the same device",
+    ),
+    ("csg: out shape", clipped_grad(out=ones(4, 16)), ValueError, "out must have shape"),
+    ("csg: out dtype", clipped_grad(out=ones(4, 32, dtype=F16)), TypeError, "out must have dtype"),
+    (
+        "csg: out overlaps grad_y",
+        clipped_grad(grad_y=_CLIPPED_DY_BASE[:4], out=_CLIPPED_DY_BASE.view(4, 32)),
+        ValueError,
+        "out must not overlap grad_y",
+    ),
+    ("csg: out is x", clipped_grad(x=_CLIPPED_X, out=_CLIPPED_X), ValueError, "out must not overlap x"),
+    ("csg: unknown backend", clipped_grad(backend="gpu"), ValueError, "backend must be one of"),
     # --- mx_dequantize
     ("dequant: data not a tensor", dequant(data=[0] * 64), TypeError, "data and scale must be tensors"),
     ("dequant: data not fp8", dequant(data=torch.zeros(4, 64)), TypeError, "data"),
@@ -335,6 +523,156 @@ REJECTED = [
         ValueError,
         "group_index",
     ),
+    # --- swiglu_mx_quant_dual_axis: swiglu_mx_quant.md 0 / tiling 1.5 / UT section 8 / contract
+    ("fwd: x missing", mx_fwd(x=None), TypeError, "x must be a torch.Tensor"),
+    ("fwd: x a list", mx_fwd(x=[[1.0] * 40] * 4), TypeError, "x must be a torch.Tensor"),
+    ("fwd: x int8", mx_fwd(x=ones(4, 40, dtype=torch.int8)), TypeError, "x must be"),
+    ("fwd: x double", mx_fwd(x=ones(4, 40, dtype=torch.float64)), TypeError, "x must be"),
+    ("fwd: x rank 1", mx_fwd(x=ones(40, dtype=BF16)), ValueError, "x must have rank"),
+    ("fwd: 2N odd", mx_fwd(x=ones(4, 41, dtype=BF16)), ValueError, r"x last dim \(2N\)"),
+    ("fwd: N = 0", mx_fwd(x=ones(4, 0, dtype=BF16)), ValueError, r"x last dim \(2N\)"),
+    ("fwd: E2M1, 2N = 42", mx_fwd(x=ones(4, 42), dst_dtype=E2M1), ValueError, "x last dim.*multiple of 4"),
+    ("fwd: E1M2, 2N = 6", mx_fwd(x=ones(4, 6), dst_dtype=E1M2), ValueError, "x last dim.*multiple of 4"),
+    ("fwd: dst_dtype fp16", mx_fwd(dst_dtype=F16), TypeError, "dst_dtype"),
+    ("fwd: dst_dtype uint8 (E1M2's result dtype)", mx_fwd(dst_dtype=torch.uint8), TypeError, "dst_dtype"),
+    ("fwd: dst_dtype e4m3fnuz", mx_fwd(dst_dtype=torch.float8_e4m3fnuz), TypeError, "dst_dtype"),
+    ("fwd: dst_dtype a name", mx_fwd(dst_dtype="float8_e4m3fn"), TypeError, "dst_dtype"),
+    ("fwd: dst_dtype misspelt sentinel", mx_fwd(dst_dtype="float4_e1m2"), TypeError, "dst_dtype"),
+    ("fwd: dst_dtype as ge number (41)", mx_fwd(dst_dtype=41), TypeError, "dst_dtype"),
+    ("fwd: dst_dtype None", mx_fwd(dst_dtype=None), TypeError, "dst_dtype"),
+    ("fwd: UT case 6, dst_type 99", mx_fwd(activate_left=False, dst_dtype=99), TypeError, "dst_dtype"),
+    ("fwd: UT case 5, FP8 floor", mx_fwd(activate_left=False, round_mode="floor"), ValueError, "round_mode"),
+    ("fwd: e5m2 round", mx_fwd(dst_dtype=torch.float8_e5m2, round_mode="round"), ValueError, "round_mode"),
+    ("fwd: round_mode ceil", mx_fwd(dst_dtype=E2M1, round_mode="ceil"), ValueError, "round_mode"),
+    ("fwd: round_mode RINT", mx_fwd(dst_dtype=E2M1, round_mode="RINT"), ValueError, "round_mode"),
+    ("fwd: round_mode None", mx_fwd(round_mode=None), ValueError, "round_mode"),
+    ("fwd: round_mode int (CANN's 4)", mx_fwd(round_mode=4), ValueError, "round_mode"),
+    ("fwd: scale_alg 1 with E2M1", mx_fwd(dst_dtype=E2M1, scale_alg=1), ValueError, "scale_alg"),
+    ("fwd: scale_alg 1 with E1M2", mx_fwd(dst_dtype=E1M2, scale_alg=1), ValueError, "scale_alg"),
+    ("fwd: scale_alg 2", mx_fwd(scale_alg=2), ValueError, "scale_alg"),
+    ("fwd: scale_alg -1", mx_fwd(scale_alg=-1), ValueError, "scale_alg"),
+    ("fwd: scale_alg float", mx_fwd(scale_alg=1.0), TypeError, "scale_alg"),
+    ("fwd: scale_alg bool", mx_fwd(scale_alg=True), TypeError, "scale_alg"),
+    ("fwd: scale_alg string", mx_fwd(scale_alg="1"), TypeError, "scale_alg"),
+    ("fwd: max_dtype_value 448", mx_fwd(max_dtype_value=448.0), ValueError, "max_dtype_value"),
+    ("fwd: max_dtype_value NaN", mx_fwd(max_dtype_value=NAN), ValueError, "max_dtype_value"),
+    ("fwd: max_dtype_value string", mx_fwd(max_dtype_value="0"), TypeError, "max_dtype_value"),
+    ("fwd: activate_left int", mx_fwd(activate_left=1), TypeError, "activate_left"),
+    ("fwd: interleaved None", mx_fwd(interleaved=None), TypeError, "interleaved"),
+    ("fwd: limit alone", mx_fwd(limit=7.0), ValueError, "limit, alpha and bias"),
+    ("fwd: alpha and bias without limit", mx_fwd(alpha=1.702, bias=1.0), ValueError, "limit, alpha and bias"),
+    ("fwd: limit 0", mx_fwd(limit=0.0, alpha=1.702, bias=1.0), ValueError, "limit"),
+    ("fwd: limit -7", mx_fwd(limit=-7.0, alpha=1.702, bias=1.0), ValueError, "limit"),
+    ("fwd: limit NaN", mx_fwd(limit=NAN, alpha=1.702, bias=1.0), ValueError, "limit"),
+    ("fwd: limit 1e-50 (0 in fp32)", mx_fwd(limit=1e-50, alpha=1.702, bias=1.0), ValueError, "limit"),
+    ("fwd: alpha string", mx_fwd(limit=7.0, alpha="1.702", bias=1.0), TypeError, "alpha"),
+    ("fwd: bias bool", mx_fwd(limit=7.0, alpha=1.702, bias=True), TypeError, "bias"),
+    ("fwd: group_index fp32", mx_fwd(group_index=ones(1)), TypeError, "group_index"),
+    ("fwd: group_index int16", mx_fwd(group_index=ones(1, dtype=torch.int16)), TypeError, "group_index"),
+    ("fwd: group_index 2-D", mx_fwd(group_index=torch.tensor([[4]])), ValueError, "group_index"),
+    (
+        "fwd: group_index empty",
+        mx_fwd(group_index=torch.zeros(0, dtype=torch.int32)),
+        ValueError,
+        "group_index",
+    ),
+    (
+        "fwd: group_index with 3-D x",
+        mx_fwd(x=ones(1, 4, 40, dtype=BF16), group_index=torch.tensor([4])),
+        ValueError,
+        "group_index",
+    ),
+    ("fwd: group_index negative", mx_fwd(group_index=torch.tensor([-1, 4])), ValueError, "group_index.*>= 0"),
+    (
+        "fwd: group_index decreasing",
+        mx_fwd(group_index=torch.tensor([3, 2, 4])),
+        ValueError,
+        "group_index.*non-decreasing",
+    ),
+    ("fwd: group_index ends < M", mx_fwd(group_index=torch.tensor([2, 3])), ValueError, "group_index last"),
+    ("fwd: group_index ends > M", mx_fwd(group_index=torch.tensor([5])), ValueError, "group_index last"),
+    (
+        "fwd: group_index on another device",
+        mx_fwd(group_index=torch.tensor([4], device="meta")),
+        ValueError,
+        "group_index must be on the same device",
+    ),
+    ("fwd: out not a 4-tuple", mx_fwd(out=mx_fwd_out()[:3]), TypeError, "out must be"),
+    (
+        "fwd: out y1 fp8 for an E2M1 output",
+        mx_fwd(dst_dtype=E2M1, out=mx_fwd_out(0, torch.empty(4, 10, dtype=torch.float8_e4m3fn), dst=E2M1)),
+        TypeError,
+        r"out\[0\] \(y1\)",
+    ),
+    (
+        "fwd: out y1 unpacked for E2M1",
+        mx_fwd(dst_dtype=E2M1, out=mx_fwd_out(0, torch.empty(4, 20, dtype=E2M1), dst=E2M1)),
+        ValueError,
+        r"out\[0\] \(y1\)",
+    ),
+    (
+        "fwd: out y2 float4 for E1M2 (uint8)",
+        mx_fwd(dst_dtype=E1M2, out=mx_fwd_out(2, torch.empty(4, 10, dtype=E2M1), dst=E1M2)),
+        TypeError,
+        r"out\[2\] \(y2\)",
+    ),
+    (
+        "fwd: out mxscale1 without the pad slot",
+        mx_fwd(out=mx_fwd_out(1, torch.empty(4, 1, 1, dtype=E8M0))),
+        ValueError,
+        r"out\[1\] \(mxscale1\)",
+    ),
+    (
+        "fwd: out mxscale1 uint8",
+        mx_fwd(out=mx_fwd_out(1, torch.empty(4, 1, 2, dtype=torch.uint8))),
+        TypeError,
+        r"out\[1\] \(mxscale1\)",
+    ),
+    (
+        "fwd: out mxscale2 rows without the groups' G",
+        mx_fwd(group_index=torch.tensor([2, 4]), out=mx_fwd_out()),
+        ValueError,
+        r"out\[3\] \(mxscale2\)",
+    ),
+    (
+        "fwd: out y2 strided",
+        mx_fwd(out=mx_fwd_out(2, torch.empty(20, 4, dtype=torch.float8_e4m3fn).t())),
+        ValueError,
+        r"out\[2\] \(y2\).*contiguous",
+    ),
+    (
+        "fwd: out on another device",
+        mx_fwd(out=mx_fwd_out(0, torch.empty(4, 20, dtype=torch.float8_e4m3fn, device="meta"))),
+        ValueError,
+        r"out\[0\] \(y1\) must be on",
+    ),
+    ("fwd: unknown backend", mx_fwd(backend="npu"), ValueError, "backend must be one of"),
+    ("fwd: backend not a string", mx_fwd(backend=None), TypeError, "backend must be a string"),
+    (
+        "dequant: uint8 data without dst_dtype",
+        dequant(data=torch.zeros(4, 32, dtype=torch.uint8)),
+        TypeError,
+        "dst_dtype",
+    ),
+    ("dequant: dst_dtype fp16", dequant(dst_dtype=F16), TypeError, "dst_dtype"),
+    ("dequant: fp8 data named E1M2", dequant(dst_dtype=E1M2), TypeError, "data must be"),
+    (
+        "dequant: E2M1 data, scale for N/2 columns",
+        dequant(data=torch.zeros(4, 40, dtype=E2M1), scale=torch.zeros(4, 1, 2, dtype=torch.uint8)),
+        ValueError,
+        "scale must have shape",
+    ),
+    (
+        "dequant: E1M2 data, mxscale2 for N/2 columns",
+        dequant(
+            data=torch.zeros(4, 40, dtype=torch.uint8),
+            scale=torch.zeros(1, 40, 2, dtype=torch.uint8),
+            axis=-2,
+            dst_dtype=E1M2,
+        ),
+        ValueError,
+        "scale must have shape",
+    ),
     # --- settings read from the environment at import
     (
         "env: cpu cache size not a number",
@@ -343,7 +681,7 @@ REJECTED = [
         "SWIGLU_OPS_CPU_CACHE_MB",
     ),
     ("env: cpu cache size negative", lambda: _cpu_cache_bytes("-1"), ValueError, "SWIGLU_OPS_CPU_CACHE_MB"),
-    ("env: cpu simd not 0/1", lambda: _cpu_simd("on"), ValueError, "SWIGLU_OPS_CPU_SIMD"),
+    ("env: cpu simd not an instruction set", lambda: _cpu_simd("on"), ValueError, "SWIGLU_OPS_CPU_SIMD"),
     (
         "env: triton hw conversions not 0/1",
         lambda: _triton_hw_cvt("yes"),
@@ -354,13 +692,13 @@ REJECTED = [
 
 
 def _cpu_simd(value):
-    from swiglu_ops.cpu._native import simd_from_env
+    from swiglu_ops.cpu._loader import isa_choice_from_env
 
-    return simd_from_env(value)
+    return isa_choice_from_env(value)
 
 
 def _cpu_cache_bytes(value):
-    from swiglu_ops.cpu._memory import cache_bytes_from_env
+    from swiglu_ops.cpu import cache_bytes_from_env
 
     return cache_bytes_from_env(value)
 
@@ -373,6 +711,8 @@ def _triton_hw_cvt(value):
 def test_environment_settings_accepted():
     assert _cpu_cache_bytes(None) == _cpu_cache_bytes("") == 1024 << 20
     assert _cpu_cache_bytes("0") == 0 and _cpu_cache_bytes(" 64 ") == 64 << 20
+    assert _cpu_simd(None) == _cpu_simd("auto") == ("avx512_bf16", "avx512", "avx2", "portable")
+    assert _cpu_simd(" Portable ") == ("portable",) and _cpu_simd("avx512") == ("avx512",)
     assert [_triton_hw_cvt(v) for v in (None, "", "0", "1")] == [False, False, False, True]
 
 

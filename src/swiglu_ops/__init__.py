@@ -5,17 +5,33 @@
 - :func:`swiglu_backward_mx_quant_dual_axis`: SwiGLU backward fused with dual-axis MX (FP8 + E8M0) block
   quantisation, token-axis blocks restarting at every expert group (CANN
   ``SwigluBackwardMxQuantWithDualAxis``).
+- :func:`clipped_swiglu` / :func:`clipped_swiglu_grad`: GPT-OSS's clipped SwiGLU (alpha, limit, bias,
+  interleaved gate/up, clamp_mode) and its gradient (CANN ``ClippedSwiglu`` / ``ClippedSwigluGrad``);
+  :class:`ClippedSwiGLU` is the module, :func:`swiglu_ops.integrations.patch_gpt_oss` puts it into a Hugging
+  Face GPT-OSS model.
+- :func:`swiglu_mx_quant_dual_axis`: SwiGLU forward fused with dual-axis MX block quantisation to FP8
+  (E4M3FN, E5M2) or FP4 (E2M1, E1M2 = the sentinel :data:`float4_e1m2fn_x2`), E8M0 scales (CANN
+  ``SwigluMxQuantWithDualAxis``).
 - :func:`mx_dequantize`: the inverse of the quantisation.
 
-Both operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``.
+The operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``.
 """
 
 from __future__ import annotations
 
-from . import _api, layouts, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
-from ._api import available_backends, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad
+# torch_ops registers torch.ops.swiglu_ops.*; integrations imports transformers only when patch_gpt_oss runs
+from . import _api, integrations, layouts, torch_ops  # noqa: F401
+from ._api import (
+    available_backends,
+    clipped_swiglu,
+    clipped_swiglu_grad,
+    swiglu_backward_mx_quant_dual_axis,
+    swiglu_group_grad,
+    swiglu_mx_quant_dual_axis,
+)
+from .mx import FLOAT4_E1M2FN_X2 as float4_e1m2fn_x2
 from .mx import mx_dequantize
-from .nn import ClampedSwiGLU, MXGradient, clamped_swiglu, swiglu_mx_backward
+from .nn import ClampedSwiGLU, ClippedSwiGLU, MXGradient, clamped_swiglu, swiglu_mx_backward
 
 __version__ = "0.1.0"
 
@@ -23,11 +39,16 @@ __version__ = "0.1.0"
 __all__ = [
     "swiglu_group_grad",
     "swiglu_backward_mx_quant_dual_axis",
+    "clipped_swiglu",
+    "clipped_swiglu_grad",
+    "swiglu_mx_quant_dual_axis",
+    "float4_e1m2fn_x2",
     "mx_dequantize",
     "available_backends",
     "layouts",
     "ClampedSwiGLU",
     "clamped_swiglu",
+    "ClippedSwiGLU",
     "swiglu_mx_backward",
     "MXGradient",
     "__version__",

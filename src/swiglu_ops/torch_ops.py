@@ -1,5 +1,9 @@
-"""The two operators as PyTorch custom ops: ``torch.ops.swiglu_ops.swiglu_group_grad`` and
-``torch.ops.swiglu_ops.swiglu_backward_mx_quant_dual_axis``.
+"""The operators as PyTorch custom ops: ``torch.ops.swiglu_ops.swiglu_group_grad``,
+``torch.ops.swiglu_ops.swiglu_backward_mx_quant_dual_axis``, ``torch.ops.swiglu_ops.clipped_swiglu`` and
+``torch.ops.swiglu_ops.clipped_swiglu_grad`` (plus the private ``_clipped_swiglu_grad_mode1``, the backward
+of the clamp_mode-1 forward used by :class:`swiglu_ops.nn.ClippedSwigluFunction`), and
+``torch.ops.swiglu_ops.swiglu_mx_quant_dual_axis``, whose ``dst_dtype`` is the format's name (a string, see
+its schema).
 
 Registering them with :mod:`torch.library` lets ``torch.compile(fullgraph=True)`` trace through code that
 calls them (the op stays one opaque node; its fake implementation gives Inductor the output shapes) and lets
@@ -10,9 +14,9 @@ calls them (the op stays one opaque node; its fake implementation gives Inductor
 - The fake kernel runs the same validation (shapes, dtypes, attributes; group_index *values* are only
   checked by the real kernel) and allocates the outputs. Every output shape depends only on input shapes;
   mxscale2's row count depends on ``G = group_index.numel()``, which is static.
-- Both ops return fresh tensors (no ``out=``, nothing mutated). The public functions
-  :func:`swiglu_ops.swiglu_group_grad` / :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis` are the
-  eager entry points that also accept ``out=``.
+- The ops return fresh tensors (no ``out=``, nothing mutated). The public functions
+  (:func:`swiglu_ops.swiglu_group_grad`, :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis`,
+  :func:`swiglu_ops.clipped_swiglu`, ...) are the eager entry points that also accept ``out=``.
 
 **grad_weight without weight.** A custom-op schema cannot return an optional tensor, so
 ``swiglu_group_grad`` returns ``grad_weight`` as an empty fp32 tensor of shape ``(0,)`` when ``weight`` is
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _api
+from . import _api, mx
 
 _LIB = "swiglu_ops"
 _DEVICES = ("cpu", "cuda")
@@ -41,7 +45,8 @@ _GROUP_GRAD_SCHEMA = (
 )
 _MX_QUANT_SCHEMA = (
     "(Tensor x, Tensor y_grad, Tensor? group_index=None, *, bool activate_left=True, str round_mode='rint', "
-    "int scale_alg=1, ScalarType dst_dtype=float8_e4m3fn, float max_dtype_value=0.0, str backend='auto') "
+    "int? scale_alg=1, ScalarType dst_dtype=float8_e4m3fn, float max_dtype_value=0.0, float? limit=None, "
+    "float? alpha=None, float? bias=None, bool interleaved=False, str backend='auto') "
     "-> (Tensor, Tensor, Tensor, Tensor)"
 )
 
@@ -91,9 +96,13 @@ def swiglu_backward_mx_quant_dual_axis(
     *,
     activate_left: bool = True,
     round_mode: str = "rint",
-    scale_alg: int = 1,
+    scale_alg: int | None = 1,
     dst_dtype: torch.dtype = torch.float8_e4m3fn,
     max_dtype_value: float = 0.0,
+    limit: float | None = None,
+    alpha: float | None = None,
+    bias: float | None = None,
+    interleaved: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """See :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis`."""
@@ -106,6 +115,10 @@ def swiglu_backward_mx_quant_dual_axis(
         scale_alg=scale_alg,
         dst_dtype=dst_dtype,
         max_dtype_value=max_dtype_value,
+        limit=limit,
+        alpha=alpha,
+        bias=bias,
+        interleaved=interleaved,
         backend=backend,
     )
 
@@ -121,10 +134,212 @@ def _swiglu_backward_mx_quant_dual_axis_fake(
     scale_alg=1,
     dst_dtype=torch.float8_e4m3fn,
     max_dtype_value=0.0,
+    limit=None,
+    alpha=None,
+    bias=None,
+    interleaved=False,
     backend="auto",
 ):
+    scale_alg = _api.bwd_mx_scale_alg(scale_alg)
     _api.validate_mx_quant(
         x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
     )
-    _api.resolve_backend(backend, x.device)
+    glu = _api.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+    _api.resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu)
     return tuple(x.new_empty(s, dtype=d) for s, d in _api.mx_output_specs(x, group_index, dst_dtype))
+
+
+# ------------------------------------------------------------------------------ clipped SwiGLU (GPT-OSS)
+
+_CLIPPED_ATTRS = "int dim=-1, float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True"
+_CLIPPED_SCHEMA = (
+    f"(Tensor x, Tensor? group_index=None, *, {_CLIPPED_ATTRS}, int clamp_mode=0, "
+    "str backend='auto') -> Tensor"
+)
+_CLIPPED_GRAD_SCHEMA = (
+    f"(Tensor grad_y, Tensor x, Tensor? group_index=None, *, {_CLIPPED_ATTRS}, str backend='auto') -> Tensor"
+)
+_CLIPPED_GRAD_MODE1_SCHEMA = (
+    "(Tensor grad_y, Tensor x, Tensor? group_index=None, *, int dim=-1, float limit=7.0, "
+    "bool interleaved=True, str backend='auto') -> Tensor"
+)
+
+
+@torch.library.custom_op(
+    f"{_LIB}::clipped_swiglu", mutates_args=(), device_types=_DEVICES, schema=_CLIPPED_SCHEMA
+)
+def clipped_swiglu(
+    x: torch.Tensor,
+    group_index: torch.Tensor | None = None,
+    *,
+    dim: int = -1,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    bias: float = 1.0,
+    interleaved: bool = True,
+    clamp_mode: int = 0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """See :func:`swiglu_ops.clipped_swiglu` (not differentiable itself: autograd goes through
+    :class:`swiglu_ops.nn.ClippedSwigluFunction`)."""
+    return _api.clipped_swiglu(
+        x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+        clamp_mode=clamp_mode, backend=backend,
+    )  # fmt: skip
+
+
+@clipped_swiglu.register_fake
+def _clipped_swiglu_fake(
+    x,
+    group_index=None,
+    *,
+    dim=-1,
+    alpha=1.702,
+    limit=7.0,
+    bias=1.0,
+    interleaved=True,
+    clamp_mode=0,
+    backend="auto",
+):
+    d, _ = _api.validate_clipped_swiglu(
+        x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+        clamp_mode=clamp_mode,
+    )  # fmt: skip
+    _api.resolve_kernel(backend, x.device, "clipped_swiglu")
+    return x.new_empty(_api.clipped_half_shape(x.shape, d))
+
+
+@torch.library.custom_op(
+    f"{_LIB}::clipped_swiglu_grad", mutates_args=(), device_types=_DEVICES, schema=_CLIPPED_GRAD_SCHEMA
+)
+def clipped_swiglu_grad(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    group_index: torch.Tensor | None = None,
+    *,
+    dim: int = -1,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    bias: float = 1.0,
+    interleaved: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """See :func:`swiglu_ops.clipped_swiglu_grad`."""
+    return _api.clipped_swiglu_grad(
+        grad_y, x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+        backend=backend,
+    )  # fmt: skip
+
+
+def _clipped_grad_fake(grad_y, x, group_index, dim, limit, interleaved, backend, **glu):
+    _api.validate_clipped_swiglu(
+        x, group_index, dim=dim, limit=limit, interleaved=interleaved, grad_y=grad_y, backward=True, **glu
+    )
+    _api.resolve_kernel(backend, x.device, "clipped_swiglu_grad")
+    return x.new_empty(x.shape)
+
+
+@clipped_swiglu_grad.register_fake
+def _clipped_swiglu_grad_fake(
+    grad_y, x, group_index=None, *, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True, backend="auto"
+):
+    return _clipped_grad_fake(
+        grad_y, x, group_index, dim, limit, interleaved, backend, alpha=alpha, bias=bias, clamp_mode=0
+    )
+
+
+@torch.library.custom_op(
+    f"{_LIB}::_clipped_swiglu_grad_mode1",
+    mutates_args=(),
+    device_types=_DEVICES,
+    schema=_CLIPPED_GRAD_MODE1_SCHEMA,
+)
+def _clipped_swiglu_grad_mode1(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    group_index: torch.Tensor | None = None,
+    *,
+    dim: int = -1,
+    limit: float = 7.0,
+    interleaved: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Private (a swiglu_ops extension, not a CANN operator): the backward of
+    ``clipped_swiglu(..., clamp_mode=1)`` used by the autograd module
+    (:func:`swiglu_ops._api.clipped_swiglu_grad_mode1`)."""
+    return _api.clipped_swiglu_grad_mode1(
+        grad_y, x, group_index, dim=dim, limit=limit, interleaved=interleaved, backend=backend
+    )
+
+
+@_clipped_swiglu_grad_mode1.register_fake
+def _clipped_swiglu_grad_mode1_fake(
+    grad_y, x, group_index=None, *, dim=-1, limit=7.0, interleaved=True, backend="auto"
+):
+    return _clipped_grad_fake(
+        grad_y, x, group_index, dim, limit, interleaved, backend, alpha=1.0, bias=0.0, clamp_mode=1
+    )
+
+
+# ----------------------------------------------------------------- forward SwiGLU + dual-axis MX (FP8/FP4)
+
+# The destination format travels as its **name** (``str dst_dtype``): the E1M2 sentinel
+# ``swiglu_ops.float4_e1m2fn_x2`` is a string, not a ScalarType, and one string argument carries all four
+# formats alike: "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2" (a torch dtype's name without
+# "torch.") and "float4_e1m2fn_x2" (the sentinel's value). ``swiglu_ops.mx.dst_name`` converts a dtype.
+_MX_FORWARD_SCHEMA = (
+    "(Tensor x, Tensor? group_index=None, *, bool activate_left=True, str round_mode='rint', "
+    "int? scale_alg=None, str dst_dtype='float8_e4m3fn', float max_dtype_value=0.0, float? limit=None, "
+    "float? alpha=None, float? bias=None, bool interleaved=False, str backend='auto') "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+@torch.library.custom_op(
+    f"{_LIB}::swiglu_mx_quant_dual_axis", mutates_args=(), device_types=_DEVICES, schema=_MX_FORWARD_SCHEMA
+)
+def swiglu_mx_quant_dual_axis(
+    x: torch.Tensor,
+    group_index: torch.Tensor | None = None,
+    *,
+    activate_left: bool = True,
+    round_mode: str = "rint",
+    scale_alg: int | None = None,
+    dst_dtype: str = "float8_e4m3fn",
+    max_dtype_value: float = 0.0,
+    limit: float | None = None,
+    alpha: float | None = None,
+    bias: float | None = None,
+    interleaved: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See :func:`swiglu_ops.swiglu_mx_quant_dual_axis`; ``dst_dtype`` is the format's name (a string)."""
+    return _api.swiglu_mx_quant_dual_axis(
+        x, group_index, activate_left=activate_left, round_mode=round_mode, scale_alg=scale_alg,
+        dst_dtype=mx.dst_from_name(dst_dtype), max_dtype_value=max_dtype_value, limit=limit, alpha=alpha,
+        bias=bias, interleaved=interleaved, backend=backend,
+    )  # fmt: skip
+
+
+@swiglu_mx_quant_dual_axis.register_fake
+def _swiglu_mx_quant_dual_axis_fake(
+    x,
+    group_index=None,
+    *,
+    activate_left=True,
+    round_mode="rint",
+    scale_alg=None,
+    dst_dtype="float8_e4m3fn",
+    max_dtype_value=0.0,
+    limit=None,
+    alpha=None,
+    bias=None,
+    interleaved=False,
+    backend="auto",
+):
+    fmt, _, _, glu = _api.validate_mx_forward(
+        x, group_index, activate_left, round_mode, scale_alg, mx.dst_from_name(dst_dtype), max_dtype_value,
+        limit, alpha, bias, interleaved,
+    )  # fmt: skip
+    _api.resolve_kernel(backend, x.device, "swiglu_mx_quant", glu)
+    return tuple(x.new_empty(s, dtype=d) for s, d in _api.mx_forward_output_specs(x, group_index, fmt))
