@@ -96,6 +96,23 @@ def test_activation_tables_are_identical_on_every_instruction_set(kind, alpha, l
         assert_bitwise_equal(table, tables["portable"], f"{kind} table, {isa}")
 
 
+@pytest.mark.parametrize(("dtype", "subnormals"), [("BF16", 2 * 127), ("FP16", 2 * 1023)])
+@pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
+def test_the_fp8_encoder_of_16_bit_values_matches_the_per_element_encoder_everywhere(dtype, subnormals, fmt):
+    """The MX kernels encode 16-bit values 32 at a time from their bits (numerics.h fp8x32_code): for every
+    finite bit pattern and every scale code, the same code as fp8_encode of the fp32 product, except the
+    subnormal sources it leaves to fp8_encode (counted: the kernels then use fp8_encode)."""
+    ffi = cpu_backend.LIBRARY.ffi
+    for name in ISAS:
+        mismatches, left = ffi.new("int64_t *"), ffi.new("int64_t *")
+        code = getattr(LIB, f"SWIGLU_ISA_{name.upper()}")
+        LIB.swiglu_fp8_x32_check(
+            getattr(LIB, f"SWIGLU_{dtype}"), getattr(LIB, f"SWIGLU_FMT_{fmt}"), code, mismatches, left
+        )
+        # left: the subnormal sources under every scale code but 0xFF (a NaN/inf block: all codes 0x00)
+        assert (mismatches[0], left[0]) == (0, 255 * subnormals), name
+
+
 # ----------------------------------------------------------------------------- against the reference
 
 

@@ -203,8 +203,10 @@ def _fill_glu(dst, glu: GluParams) -> None:
 
 def _run(entry: str, args) -> None:
     rc = getattr(LIBRARY.lib, entry)(args, LIBRARY.isa_code, torch.get_num_threads())
-    if rc != 0:  # the contract was checked before: only an allocation can fail here
+    if rc == -2:
         raise MemoryError(f"swiglu_ops cpu backend: {entry} could not allocate its working memory")
+    if rc != 0:  # the API validated the arguments: this is a bug
+        raise RuntimeError(f"swiglu_ops cpu backend: {entry} refused its arguments (rc {rc}); please report")
 
 
 def _glu_args(op: int, x: torch.Tensor, valid_rows, out: torch.Tensor, dy=None, glu: GluParams | None = None):

@@ -233,6 +233,7 @@ typedef struct {
     int (*glu)(const swiglu_glu_args *, int);
     int (*mx)(const swiglu_mx_args *, int);
     void (*act)(int, int, float, float, float *);
+    void (*fp8_check)(int, int, int64_t *, int64_t *);
 } isa_impl;
 
 static int isa_of(int32_t isa, isa_impl *impl) {
@@ -240,17 +241,21 @@ static int isa_of(int32_t isa, isa_impl *impl) {
     switch (isa) {
 #if SWIGLU_X86
     case SWIGLU_ISA_AVX2:
-        *impl = (isa_impl){swiglu_glu_run_avx2, swiglu_mx_run_avx2, swiglu_act_build_avx2};
+        *impl = (isa_impl){swiglu_glu_run_avx2, swiglu_mx_run_avx2, swiglu_act_build_avx2,
+                            swiglu_fp8_x32_check_avx2};
         return 0;
     case SWIGLU_ISA_AVX512:
-        *impl = (isa_impl){swiglu_glu_run_avx512, swiglu_mx_run_avx512, swiglu_act_build_avx512};
+        *impl = (isa_impl){swiglu_glu_run_avx512, swiglu_mx_run_avx512, swiglu_act_build_avx512,
+                            swiglu_fp8_x32_check_avx512};
         return 0;
     case SWIGLU_ISA_AVX512_BF16:
-        *impl = (isa_impl){swiglu_glu_run_avx512_bf16, swiglu_mx_run_avx512_bf16, swiglu_act_build_avx512_bf16};
+        *impl = (isa_impl){swiglu_glu_run_avx512_bf16, swiglu_mx_run_avx512_bf16, swiglu_act_build_avx512_bf16,
+                            swiglu_fp8_x32_check_avx512_bf16};
         return 0;
 #endif
     default:
-        *impl = (isa_impl){swiglu_glu_run_portable, swiglu_mx_run_portable, swiglu_act_build_portable};
+        *impl = (isa_impl){swiglu_glu_run_portable, swiglu_mx_run_portable, swiglu_act_build_portable,
+                            swiglu_fp8_x32_check_portable};
         return 0;
     }
 }
@@ -258,6 +263,12 @@ static int isa_of(int32_t isa, isa_impl *impl) {
 void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, float *out, int32_t isa) {
     isa_impl impl;
     if (isa_of(isa, &impl) == 0) impl.act(kind, dtype, alpha, limit, out);
+}
+
+void swiglu_fp8_x32_check(int32_t dtype, int32_t format, int32_t isa, int64_t *mismatches, int64_t *left) {
+    isa_impl impl;
+    *mismatches = *left = -1;
+    if (isa_of(isa, &impl) == 0 && dtype != SWIGLU_FP32) impl.fp8_check(dtype, format, mismatches, left);
 }
 
 int32_t swiglu_glu_run(const swiglu_glu_args *args, int32_t isa, int32_t n_threads) {

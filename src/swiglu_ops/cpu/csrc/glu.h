@@ -217,7 +217,7 @@ typedef struct {
 } glu_job;
 
 /* Rows [r0, r1) x pairs [p0, p1) of one GLU operator, specialised by the caller's constants. */
-PHASE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1, const int op,
+INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1, const int op,
                      const int dt, const int inter, const int flag) {
     const swiglu_glu_args *a = job->a;
     const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
@@ -255,24 +255,39 @@ PHASE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int6
     }
 }
 
-/* One specialisation of glu_tile per (operator, dtype, layout, clamp / clamp_mode). */
-#define GLU_TILE(OP, DT, INTER, FLAG) glu_tile(job, r0, r1, p0, p1, OP, DT, INTER, FLAG)
-#define GLU_BY_FLAG(OP, DT, INTER, FLAG)      \
-    do {                                      \
-        if (FLAG) GLU_TILE(OP, DT, INTER, 1); \
-        else GLU_TILE(OP, DT, INTER, 0);      \
-    } while (0)
-#define GLU_BY_LAYOUT(OP, DT, FLAG)                           \
-    do {                                                      \
-        if (a->glu.interleaved) GLU_BY_FLAG(OP, DT, 1, FLAG); \
-        else GLU_BY_FLAG(OP, DT, 0, FLAG);                    \
-    } while (0)
-#define GLU_BY_OP(DT)                                                                                         \
-    do {                                                                                                      \
-        if (a->op == SWIGLU_OP_GROUP_GRAD) GLU_BY_FLAG(SWIGLU_OP_GROUP_GRAD, DT, 0, a->clamp > 0);            \
-        else if (a->op == SWIGLU_OP_CLIPPED_FWD) GLU_BY_LAYOUT(SWIGLU_OP_CLIPPED_FWD, DT, a->glu.clamp_mode); \
-        else GLU_BY_LAYOUT(SWIGLU_OP_CLIPPED_BWD, DT, a->glu.clamp_mode);                                     \
-    } while (0)
+/* One function per specialisation of glu_tile: (operator, dtype, layout, clamp / clamp_mode). The
+   compiler then folds every constant into its own loop (left to itself, it cloned a few and ran the others
+   through one generic loop full of branches). */
+typedef void (*glu_tile_fn)(const glu_job *, int64_t, int64_t, int64_t, int64_t);
+#define GLU_SPEC(NAME, OP, DT, INTER, FLAG)                                                          \
+    PHASE void NAME(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {            \
+        glu_tile(job, r0, r1, p0, p1, OP, DT, INTER, FLAG);                                          \
+    }
+#define GLU_SPECS(OPN, OP, DTN)                                         \
+    GLU_SPEC(glu_##OPN##_##DTN##_00, OP, SWIGLU_##DTN, 0, 0)           \
+    GLU_SPEC(glu_##OPN##_##DTN##_01, OP, SWIGLU_##DTN, 0, 1)           \
+    GLU_SPEC(glu_##OPN##_##DTN##_10, OP, SWIGLU_##DTN, 1, 0)           \
+    GLU_SPEC(glu_##OPN##_##DTN##_11, OP, SWIGLU_##DTN, 1, 1)
+#define GLU_SPECS_ALL_DT(OPN, OP) GLU_SPECS(OPN, OP, BF16) GLU_SPECS(OPN, OP, FP16) GLU_SPECS(OPN, OP, FP32)
+GLU_SPEC(glu_gg_BF16_0, SWIGLU_OP_GROUP_GRAD, SWIGLU_BF16, 0, 0)
+GLU_SPEC(glu_gg_BF16_1, SWIGLU_OP_GROUP_GRAD, SWIGLU_BF16, 0, 1)
+GLU_SPEC(glu_gg_FP16_0, SWIGLU_OP_GROUP_GRAD, SWIGLU_FP16, 0, 0)
+GLU_SPEC(glu_gg_FP16_1, SWIGLU_OP_GROUP_GRAD, SWIGLU_FP16, 0, 1)
+GLU_SPEC(glu_gg_FP32_0, SWIGLU_OP_GROUP_GRAD, SWIGLU_FP32, 0, 0)
+GLU_SPEC(glu_gg_FP32_1, SWIGLU_OP_GROUP_GRAD, SWIGLU_FP32, 0, 1)
+GLU_SPECS_ALL_DT(fwd, SWIGLU_OP_CLIPPED_FWD)
+GLU_SPECS_ALL_DT(bwd, SWIGLU_OP_CLIPPED_BWD)
+
+/* [dtype][clamp] for swiglu_group_grad; [dtype][interleaved][clamp_mode] for the clipped operators */
+static const glu_tile_fn glu_gg_tiles[3][2] = {
+    {glu_gg_BF16_0, glu_gg_BF16_1}, {glu_gg_FP16_0, glu_gg_FP16_1}, {glu_gg_FP32_0, glu_gg_FP32_1}};
+#define GLU_ROW(OPN, DTN) {{glu_##OPN##_##DTN##_00, glu_##OPN##_##DTN##_01}, {glu_##OPN##_##DTN##_10, glu_##OPN##_##DTN##_11}}
+static const glu_tile_fn glu_fwd_tiles[3][2][2] = {GLU_ROW(fwd, BF16), GLU_ROW(fwd, FP16), GLU_ROW(fwd, FP32)};
+static const glu_tile_fn glu_bwd_tiles[3][2][2] = {GLU_ROW(bwd, BF16), GLU_ROW(bwd, FP16), GLU_ROW(bwd, FP32)};
+#undef GLU_SPEC
+#undef GLU_SPECS
+#undef GLU_SPECS_ALL_DT
+#undef GLU_ROW
 
 static void FN(glu_task)(const void *ctx, int64_t t) {
     const glu_job *job = ctx;
@@ -282,15 +297,13 @@ static void FN(glu_task)(const void *ctx, int64_t t) {
     const int64_t r1 = r0 + GLU_ROWS_PER_TASK < a->rows ? r0 + GLU_ROWS_PER_TASK : a->rows;
     const int64_t half = a->cols / 2, p0 = chunk * job->chunk;
     const int64_t p1 = p0 + job->chunk < half ? p0 + job->chunk : half;
-    if (a->dtype == SWIGLU_BF16) GLU_BY_OP(SWIGLU_BF16);
-    else if (a->dtype == SWIGLU_FP16) GLU_BY_OP(SWIGLU_FP16);
-    else GLU_BY_OP(SWIGLU_FP32);
+    const int inter = a->glu.interleaved != 0, mode = a->glu.clamp_mode != 0;
+    glu_tile_fn fn;
+    if (a->op == SWIGLU_OP_GROUP_GRAD) fn = glu_gg_tiles[a->dtype][a->clamp > 0];
+    else if (a->op == SWIGLU_OP_CLIPPED_FWD) fn = glu_fwd_tiles[a->dtype][inter][mode];
+    else fn = glu_bwd_tiles[a->dtype][inter][mode];
+    fn(job, r0, r1, p0, p1);
 }
-
-#undef GLU_TILE
-#undef GLU_BY_FLAG
-#undef GLU_BY_LAYOUT
-#undef GLU_BY_OP
 
 static int FN(glu_run_impl)(const swiglu_glu_args *a, int n_threads) {
     glu_job job = {.a = a};
@@ -314,5 +327,5 @@ static int FN(glu_run_impl)(const swiglu_glu_args *a, int n_threads) {
     if (ok) swiglu_pool_run(FN(glu_task), &job, tiles * job.n_chunks, n_threads);
     free(own1);
     free(own2);
-    return ok ? 0 : -1;
+    return ok ? 0 : -2;
 }

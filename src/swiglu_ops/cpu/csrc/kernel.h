@@ -41,7 +41,8 @@ const float *swiglu_act_table_get(int kind, int dt, float alpha, float limit, ac
 #define SWIGLU_DECLARE_ISA(isa)                                                   \
     int swiglu_glu_run_##isa(const swiglu_glu_args *a, int n_threads);            \
     int swiglu_mx_run_##isa(const swiglu_mx_args *a, int n_threads);             \
-    void swiglu_act_build_##isa(int kind, int dt, float alpha, float limit, float *out);
+    void swiglu_act_build_##isa(int kind, int dt, float alpha, float limit, float *out);  \
+    void swiglu_fp8_x32_check_##isa(int dt, int format, int64_t *mismatches, int64_t *left);
 SWIGLU_DECLARE_ISA(portable)
 SWIGLU_DECLARE_ISA(avx2)
 SWIGLU_DECLARE_ISA(avx512)

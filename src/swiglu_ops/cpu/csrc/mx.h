@@ -32,7 +32,7 @@ typedef struct {
 /* Rows of a task: the rounded GLU results into ``tile`` (row stride ``ts`` elements, output-column order)
    and the running amax of their magnitude bits per tile column into ``col_amax``. Lanes past the task's
    pairs are stored as +0 up to the next 32 columns, so that a partial block reads zeros. */
-PHASE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
+INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
                       uint32_t *col_amax, const int dt, const int bwd, const int inter, const int clipped) {
     const swiglu_mx_args *a = job->a;
     const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
@@ -89,86 +89,149 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
     else u_store8(y + col, fp8_encode(f, v_mul(v, m)), mask);
 }
 
+/* Both FP8 code rows of ``n`` <= 512 stored 16-bit values of a tile row, 32 at a time by fp8x32_code, the
+   rounding shared: y1 with the row's block scales (``q1``/``keep1``: lane k for the values 32k..32k+31,
+   ``r1`` their multipliers), y2 with the column scales (``q2``/``keep2``/``r2``: one per value). An axis
+   where fp8x32_code left a value to fp8_encode (a subnormal source) is encoded again, the whole run, by
+   fp8_encode. */
+INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, vu q1, vu keep1, vf r1,
+                            const uint16_t *q2, const uint16_t *keep2, const float *r2, int64_t n,
+                            const fp8x32_format *c, const mx_format *f, const int dt) {
+    vwm ok1 = w_lanes(32), ok2 = w_lanes(32);
+    for (int64_t j = 0; j < n; j += 32) {
+        const vwm m = w_lanes(n - j);
+        const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
+        vwm ok;
+        w_store8(y1 + j, fp8x32_code(c, &p, w_bcast(q1, (int)(j / 32)), w_bcast(keep1, (int)(j / 32)), &ok), m);
+        ok1 = wm_and(ok1, wm_or(ok, wm_not(m)));
+        w_store8(y2 + j, fp8x32_code(c, &p, w_load(q2 + j, m), w_load(keep2 + j, m), &ok), m);
+        ok2 = wm_and(ok2, wm_or(ok, wm_not(m)));
+    }
+    if (__builtin_expect(wm_all(ok1, w_lanes(32)) && wm_all(ok2, w_lanes(32)), 1)) return;
+    float r[16];
+    v_storef(r, r1, m_all());
+    for (int64_t j = 0; j < n; j += 16) {
+        const vm m = m_lanes(n - j);
+        const vf x = ld(v, j, dt, m);
+        u_store8(y1 + j, fp8_encode(f, v_mul(x, v_set(r[j / 32]))), m);
+        u_store8(y2 + j, fp8_encode(f, v_mul(x, v_loadf(r2 + j, m_all()))), m);
+    }
+}
+
 /* Both quantisations of one segment of a task's tile: ``width`` columns from tile column ``tc`` that are
-   output columns from ``col0`` (a multiple of 32) of the task's rows. */
-PHASE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile, int64_t ts,
+   output columns from ``col0`` (a multiple of 32) of the task's rows. FP8 codes of 16-bit values take
+   fp8x32_encode (32 at a time, the rounding shared by both axes); FP4 codes and fp32 values the
+   per-element encoders. */
+INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile, int64_t ts,
                         const uint32_t *col_amax, int64_t tc, int64_t col0, int64_t width, const int dt,
                         const int fp4) {
     const swiglu_mx_args *a = job->a;
     const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
+    const int x32 = !fp4 && dt != SWIGLU_FP32;
+    const fp8x32_format c = fp8x32_of(&f, dt == SWIGLU_FP32 ? SWIGLU_BF16 : dt);
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2, W = job->width;
     const int64_t s1_stride = 2 * ((W + 63) / 64), y_stride = fp4 ? W / 2 : W;
     const int64_t nblk = (width + MX_BLOCK - 1) / MX_BLOCK;
-    /* -1 axis: per row, the amax, scale code and factor of 16 blocks of 32 columns at a time */
-    for (int64_t i = 0; i < blk->nrows; i++) {
-        const int64_t row = blk->b * a->m + blk->row0 + i;
-        const char *v = (const char *)tile + (i * ts + tc) * es;
-        uint8_t *y = a->y1 + row * y_stride, *s1 = a->s1 + row * s1_stride + col0 / MX_BLOCK;
-        for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
-            const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16;
-            const vu amax = dt == SWIGLU_FP32 ? u_block_amax32((const uint32_t *)v + 32 * k0, nb)
-                                              : u_block_amax16((const uint16_t *)v + 32 * k0, nb);
-            vf recip;
-            const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
-            u_store8(s1 + k0, codes, m_lanes(nb));
-            float r[16];
-            v_storef(r, recip, m_all());
-            for (int64_t k = 0; k < nb; k++) {
-                const vf rk = v_set(r[k]);
-                const int64_t c = 32 * (k0 + k);
-                for (int64_t h = 0; h < 32; h += 16) {
-                    const vm m = m_lanes(width - c - h);
-                    store_codes(y, col0 + c + h, ld(v, c + h, dt, m), rk, &f, m, fp4);
-                }
-            }
-        }
-        /* the pad slot of an odd number of blocks (forward, N % 64 in (0, 32]) is written as code 0 */
-        if (col0 + width == W && (W + MX_BLOCK - 1) / MX_BLOCK % 2 == 1) s1[nblk] = 0;
-    }
-    /* -2 axis: one block per column over the task's rows (zero padding never raises the amax): the codes and
-       factors of all columns first, then the rows in order (contiguous stores) */
-    float col_recip[2 * MX_CHUNK];
+    /* -2 axis: one block per column over the task's rows (zero padding never raises the amax): the scale
+       codes and factors of all columns first */
+    _Alignas(64) float col_recip[2 * MX_CHUNK];
+    _Alignas(64) uint16_t col_q[2 * MX_CHUNK], col_keep[2 * MX_CHUNK];
     uint8_t *s2 = a->s2 + ((blk->b * a->s2_rows + blk->s2_row) * W + col0) * 2 + blk->slot;
     for (int64_t j = 0; j < width; j += 16) {
         const vm m = m_lanes(width - j);
         vf recip;
         const vu codes = scale_codes(&f, amax_f32(u_load32(col_amax + tc + j, m), dt), &recip);
         v_storef(col_recip + j, recip, m_all());
+        if (x32) {
+            vu keeps;
+            u_store16(col_q + j, fp8x32_block(&c, codes, &keeps), m_all());
+            u_store16(col_keep + j, keeps, m_all());
+        }
         uint32_t cs[16];
         u_store32(cs, codes, m_all());
         for (int64_t k = 0; k < 16 && j + k < width; k++) s2[2 * (j + k)] = (uint8_t)cs[k];
     }
+    /* -1 axis: per row and per 16 blocks of 32 columns, the amax, scale codes and factors; then the element
+       codes of those columns on both axes */
     for (int64_t i = 0; i < blk->nrows; i++) {
         const int64_t row = blk->b * a->m + blk->row0 + i;
         const char *v = (const char *)tile + (i * ts + tc) * es;
-        uint8_t *y = a->y2 + row * y_stride;
-        for (int64_t j = 0; j < width; j += 16) {
-            const vm m = m_lanes(width - j);
-            store_codes(y, col0 + j, ld(v, j, dt, m), v_loadf(col_recip + j, m_all()), &f, m, fp4);
+        uint8_t *y1 = a->y1 + row * y_stride, *y2 = a->y2 + row * y_stride;
+        uint8_t *s1 = a->s1 + row * s1_stride + col0 / MX_BLOCK;
+        for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
+            const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16, col = 32 * k0;
+            const int64_t n = width - col < 32 * nb ? width - col : 32 * nb;
+            const vu amax = dt == SWIGLU_FP32 ? u_block_amax32((const uint32_t *)v + col, nb)
+                                              : u_block_amax16((const uint16_t *)v + col, nb);
+            vf recip;
+            const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
+            u_store8(s1 + k0, codes, m_lanes(nb));
+            if (x32) {
+                vu keeps;
+                const vu qs = fp8x32_block(&c, codes, &keeps);
+                store_codes_x32(y1 + col0 + col, y2 + col0 + col, (const uint16_t *)v + col, qs, keeps, recip,
+                                col_q + col, col_keep + col, col_recip + col, n, &c, &f, dt);
+                continue;
+            }
+            float r[16];
+            v_storef(r, recip, m_all());
+            for (int64_t j = 0; j < n; j += 16) {
+                const vm m = m_lanes(n - j);
+                const vf x = ld(v, col + j, dt, m);
+                store_codes(y1, col0 + col + j, x, v_set(r[j / 32]), &f, m, fp4);
+                store_codes(y2, col0 + col + j, x, v_loadf(col_recip + col + j, m_all()), &f, m, fp4);
+            }
         }
+        /* the pad slot of an odd number of blocks (forward, N % 64 in (0, 32]) is written as code 0 */
+        if (col0 + width == W && (W + MX_BLOCK - 1) / MX_BLOCK % 2 == 1) s1[nblk] = 0;
     }
 }
 
 /* ------------------------------------------------------------------------------------------- tasks */
 
-#define MX_STAGE1(DT, BWD, INTER, CLIPPED) mx_stage1(job, blk, p0, w, tile, ts, col_amax, DT, BWD, INTER, CLIPPED)
-#define MX_BY_CLIPPED(DT, BWD, INTER)                     \
-    do {                                                  \
-        if (a->glu.clipped) MX_STAGE1(DT, BWD, INTER, 1); \
-        else MX_STAGE1(DT, BWD, INTER, 0);                \
-    } while (0)
-#define MX_BY_LAYOUT(DT, BWD)                           \
-    do {                                                \
-        if (a->glu.interleaved) MX_BY_CLIPPED(DT, BWD, 1); \
-        else MX_BY_CLIPPED(DT, BWD, 0);                 \
-    } while (0)
-#define MX_QUANTISE(TC, COL0, WIDTH, DT)                                                    \
-    do {                                                                                    \
-        if (job->fmt.fp4) mx_quantise(job, blk, tile, ts, col_amax, TC, COL0, WIDTH, DT, 1); \
-        else mx_quantise(job, blk, tile, ts, col_amax, TC, COL0, WIDTH, DT, 0);             \
-    } while (0)
+/* One function per specialisation of each phase (see glu.h): stage 1 per (dtype, direction, layout,
+   variant), the quantisation per (dtype, FP8 or FP4). */
+typedef void (*mx_stage1_fn)(const mx_job *, const mx_block *, int64_t, int64_t, void *, int64_t, uint32_t *);
+typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const void *, int64_t, const uint32_t *, int64_t,
+                               int64_t, int64_t);
+#define MX_STAGE1_SPEC(DTN, BWD, INTER, CLIPPED)                                                              \
+    PHASE void mx_stage1_##DTN##_##BWD##INTER##CLIPPED(const mx_job *job, const mx_block *blk, int64_t p0,    \
+                                                       int64_t w, void *tile, int64_t ts, uint32_t *col_amax) { \
+        mx_stage1(job, blk, p0, w, tile, ts, col_amax, SWIGLU_##DTN, BWD, INTER, CLIPPED);                   \
+    }
+#define MX_STAGE1_SPECS(DTN)                                                                            \
+    MX_STAGE1_SPEC(DTN, 0, 0, 0) MX_STAGE1_SPEC(DTN, 0, 0, 1) MX_STAGE1_SPEC(DTN, 0, 1, 0)              \
+    MX_STAGE1_SPEC(DTN, 0, 1, 1) MX_STAGE1_SPEC(DTN, 1, 0, 0) MX_STAGE1_SPEC(DTN, 1, 0, 1)              \
+    MX_STAGE1_SPEC(DTN, 1, 1, 0) MX_STAGE1_SPEC(DTN, 1, 1, 1)
+#define MX_QUANTISE_SPEC(DTN, FP4)                                                                           \
+    PHASE void mx_quantise_##DTN##_##FP4(const mx_job *job, const mx_block *blk, const void *tile, int64_t ts, \
+                                         const uint32_t *col_amax, int64_t tc, int64_t col0, int64_t width) { \
+        mx_quantise(job, blk, tile, ts, col_amax, tc, col0, width, SWIGLU_##DTN, FP4);                     \
+    }
+MX_STAGE1_SPECS(BF16)
+MX_STAGE1_SPECS(FP16)
+MX_STAGE1_SPECS(FP32)
+MX_QUANTISE_SPEC(BF16, 0)
+MX_QUANTISE_SPEC(BF16, 1)
+MX_QUANTISE_SPEC(FP16, 0)
+MX_QUANTISE_SPEC(FP16, 1)
+MX_QUANTISE_SPEC(FP32, 0)
+MX_QUANTISE_SPEC(FP32, 1)
 
-INLINE void mx_task(const mx_job *job, int64_t t, const int dt) {
+#define MX_STAGE1_ROW(DTN)                                                                                    \
+    {{{mx_stage1_##DTN##_000, mx_stage1_##DTN##_001}, {mx_stage1_##DTN##_010, mx_stage1_##DTN##_011}},        \
+     {{mx_stage1_##DTN##_100, mx_stage1_##DTN##_101}, {mx_stage1_##DTN##_110, mx_stage1_##DTN##_111}}}
+/* [dtype][backward][interleaved][clipped] and [dtype][fp4] */
+static const mx_stage1_fn mx_stage1_fns[3][2][2][2] = {MX_STAGE1_ROW(BF16), MX_STAGE1_ROW(FP16), MX_STAGE1_ROW(FP32)};
+static const mx_quantise_fn mx_quantise_fns[3][2] = {
+    {mx_quantise_BF16_0, mx_quantise_BF16_1}, {mx_quantise_FP16_0, mx_quantise_FP16_1}, {mx_quantise_FP32_0, mx_quantise_FP32_1}};
+#undef MX_STAGE1_SPEC
+#undef MX_STAGE1_SPECS
+#undef MX_QUANTISE_SPEC
+#undef MX_STAGE1_ROW
+
+static void FN(mx_task)(const void *ctx, int64_t t) {
+    const mx_job *job = ctx;
     const swiglu_mx_args *a = job->a;
     const mx_block *blk = &job->blocks[t / job->n_chunks];
     const int64_t half = a->cols / 2, p0 = (t % job->n_chunks) * MX_CHUNK;
@@ -177,26 +240,15 @@ INLINE void mx_task(const mx_job *job, int64_t t, const int dt) {
     _Alignas(64) char tile[MX_BLOCK * 2 * MX_CHUNK * 4]; /* 64 KiB: stored bits, at most 4 bytes each */
     _Alignas(64) uint32_t col_amax[2 * MX_CHUNK];
     memset(col_amax, 0, sizeof col_amax);
-    if (a->backward) MX_BY_LAYOUT(dt, 1);
-    else MX_BY_LAYOUT(dt, 0);
-    if (!a->backward) MX_QUANTISE(0, p0, w, dt);
-    else if (a->glu.interleaved) MX_QUANTISE(0, 2 * p0, 2 * w, dt);
+    const int inter = a->glu.interleaved != 0;
+    mx_stage1_fns[a->dtype][a->backward != 0][inter][a->glu.clipped != 0](job, blk, p0, w, tile, ts, col_amax);
+    const mx_quantise_fn quantise = mx_quantise_fns[a->dtype][job->fmt.fp4];
+    if (!a->backward) quantise(job, blk, tile, ts, col_amax, 0, p0, w);
+    else if (inter) quantise(job, blk, tile, ts, col_amax, 0, 2 * p0, 2 * w);
     else {
-        MX_QUANTISE(0, p0, w, dt);                /* the left half */
-        MX_QUANTISE(MX_CHUNK, half + p0, w, dt); /* the right half */
+        quantise(job, blk, tile, ts, col_amax, 0, p0, w);               /* the left half */
+        quantise(job, blk, tile, ts, col_amax, MX_CHUNK, half + p0, w); /* the right half */
     }
-}
-
-#undef MX_STAGE1
-#undef MX_BY_CLIPPED
-#undef MX_BY_LAYOUT
-#undef MX_QUANTISE
-
-static void FN(mx_task)(const void *ctx, int64_t t) {
-    const mx_job *job = ctx;
-    if (job->a->dtype == SWIGLU_BF16) mx_task(job, t, SWIGLU_BF16);
-    else if (job->a->dtype == SWIGLU_FP16) mx_task(job, t, SWIGLU_FP16);
-    else mx_task(job, t, SWIGLU_FP32);
 }
 
 /* The element format's constants (mx.py's FP8Format / FP4 rules). */
@@ -235,13 +287,13 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     glu_acts(&a->glu, a->backward, &job.act, &act2);
     if (a->glu.clipped && a->glu.clamp_mode != 0) return -1; /* the MX operators take clamp_mode 0 */
     float *owned;
-    if (!act_with_table(&job.act, a->dtype, &owned)) return -1;
+    if (!act_with_table(&job.act, a->dtype, &owned)) return -2;
     /* The 32-row blocks: restarting at every group start; each end clamped into [previous end, M]. */
     const int64_t per_slice = (a->m + MX_BLOCK - 1) / MX_BLOCK + (a->n_groups > 0 ? a->n_groups : 0);
     mx_block *blocks = malloc(sizeof(mx_block) * (size_t)(a->batch * per_slice + 1));
     if (blocks == NULL) {
         free(owned);
-        return -1;
+        return -2;
     }
     int64_t n = 0, covered = a->m;
     for (int64_t b = 0; b < a->batch; b++) {

@@ -197,6 +197,78 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
     return u_sel(u_le(a, u_set(0x7F800000)), code, u_zero()); /* NaN */
 }
 
+/* The FP8 encoder of 32 stored 16-bit values (bf16 or fp16) at once, in 16-bit lanes, with the same results
+   as fp8_encode on the fp32 products. For a normal source value v = mant * 2**(E - src_bias - src_mbits)
+   (mant with its implicit bit) and the block multiplier 2**(127 - S):
+   - a normal FP8 result is the source magnitude rounded (RNE) to the format's mantissa bits, ``r``, plus
+     ``(k - S) << mbits`` with k = bias + 127 - src_bias: the exponent moves, the mantissa does not;
+   - a subnormal FP8 result is RNE(mant / 2**(S - E - d)), d = (127 - src_bias) + bias + mbits - 1 - src_mbits
+     (the product in units of the smallest subnormal, 2**(1 - bias - mbits)); it carries into the smallest
+     normal code exactly as fp8_encode's does.
+   Zeros and the lanes of a NaN/inf block (``keep`` 0: code 0x00) are done too. Subnormal sources are left to
+   the caller (``*ok`` false), which then encodes the whole vector with fp8_encode: they only occur in blocks
+   whose amax is itself below 2**-126 (bf16) or 2**-14 (fp16). The caller passes, per lane, the block's
+   ``q = S - d`` and ``keep`` (fp8x32_block). */
+typedef struct {
+    int sh, mbits, src_mbits;          /* src_mbits - mbits; the format's and the source's mantissa bits */
+    uint16_t rh, normal, max_code, kd; /* RNE bias; smallest normal code; saturation; k - d */
+    int16_t d;
+} fp8x32_format;
+
+INLINE fp8x32_format fp8x32_of(const mx_format *f, const int dt) {
+    const int mbits = 23 - (int)f->shift, src = dt == SWIGLU_BF16 ? 7 : 10;
+    const int bias = 127 - (int)(f->rebias >> mbits), src_bias = dt == SWIGLU_BF16 ? 127 : 15;
+    const int k = bias + 127 - src_bias, d = (127 - src_bias) + bias + mbits - 1 - src;
+    const fp8x32_format c = {
+        .sh = src - mbits,
+        .mbits = mbits,
+        .src_mbits = src,
+        .rh = (uint16_t)((1 << (src - mbits - 1)) - 1),
+        .normal = (uint16_t)(1 << mbits),
+        .max_code = (uint16_t)f->max_code,
+        .kd = (uint16_t)(k - d),
+        .d = (int16_t)d,
+    };
+    return c;
+}
+
+/* Per block (or column) from its scale code S: q = S - d (16-bit), and keep (0 for a NaN/inf block). */
+INLINE vu fp8x32_block(const fp8x32_format *c, vu codes, vu *keep) {
+    *keep = u_sel(u_eq(codes, u_set(0xFF)), u_zero(), u_set(0xFFFF));
+    return u_and(u_sub(codes, u_set((uint32_t)(int32_t)c->d)), u_set(0xFFFF));
+}
+
+/* What fp8x32_code needs of 32 values, whatever their block: computed once for both axes. */
+typedef struct {
+    vw e, r, mant, sign;
+    vwm zero;
+} fp8x32_values;
+
+INLINE fp8x32_values fp8x32_prepare(const fp8x32_format *c, vw v) {
+    const vw a = w_and(v, w_set(0x7FFF)), one = w_set(1);
+    const fp8x32_values p = {
+        .e = w_shr(a, c->src_mbits),
+        .r = w_shr(w_add(w_add(a, w_set(c->rh)), w_and(w_shr(a, c->sh), one)), c->sh),
+        .mant = w_or(w_and(a, w_set((uint16_t)((1 << c->src_mbits) - 1))), w_set((uint16_t)(1 << c->src_mbits))),
+        .sign = w_and(w_shr(v, 8), w_set(0x80)),
+        .zero = w_eq(a, w_set(0)),
+    };
+    return p;
+}
+
+INLINE vw fp8x32_code(const fp8x32_format *c, const fp8x32_values *p, vw q, vw keep, vwm *ok) {
+    const vw one = w_set(1);
+    /* normal results: the rounded source plus the exponent offset */
+    const vw code_n = w_add(p->r, w_shl(w_sub(w_set(c->kd), q), c->mbits));
+    /* subnormal results: RNE(mant >> s), s = S - E - d = q - E (at most 16: the result is 0 from there) */
+    const vw s = w_min(w_sub(q, p->e), w_set(16));
+    const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
+    const vw code_s = w_shrv(w_add(w_add(p->mant, rh), w_and(w_shrv(p->mant, s), one)), s);
+    const vw code = w_sel(w_ge_s(code_n, w_set(c->normal)), w_min(code_n, w_set(c->max_code)), code_s);
+    *ok = wm_or(wm_or(p->zero, w_eq(keep, w_set(0))), w_ge_u(p->e, one));
+    return w_and(w_or(w_sel(p->zero, w_set(0), code), p->sign), keep);
+}
+
 /* FP4 codes (nibbles) of the exact products v * m (spec swiglu_mx_quant.md 3.5, mx.encode): k = round(t / q)
    with the quantum q (E2M1: 2**(max(floor(log2|t|), 0) - 1); E1M2: 0.25), in the format's round mode (floor
    acts on the signed value), saturated to the largest magnitude; the sign bit is t's (a negative t that

@@ -74,13 +74,32 @@ INLINE uint32_t u_hmax(vu a) { return (uint32_t)_mm512_reduce_max_epu32(a); }
 
 /* ------------------------------------------------------------------------------------------ memory */
 /* Masked lanes read nothing (and give 0) and write nothing. */
-INLINE vu u_load16(const uint16_t *p, vm m) { return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)); }
-INLINE vu u_load32(const uint32_t *p, vm m) { return _mm512_maskz_loadu_epi32(m, p); }
-INLINE void u_store16(uint16_t *p, vu a, vm m) { _mm512_mask_cvtepi32_storeu_epi16(p, m, a); }
-INLINE void u_store32(uint32_t *p, vu a, vm m) { _mm512_mask_storeu_epi32(p, m, a); }
-INLINE void u_store8(uint8_t *p, vu a, vm m) { _mm512_mask_cvtepi32_storeu_epi8(p, m, a); }
-INLINE vf v_loadf(const float *p, vm m) { return _mm512_maskz_loadu_ps(m, p); }
-INLINE void v_storef(float *p, vf a, vm m) { _mm512_mask_storeu_ps(p, m, a); }
+/* A constant full mask compiles to a plain load / store: masked ones cannot forward to later loads. */
+#define FULL16(m) (__builtin_constant_p(m) && (m) == 0xFFFF)
+INLINE vu u_load16(const uint16_t *p, vm m) {
+    if (FULL16(m)) return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+}
+INLINE vu u_load32(const uint32_t *p, vm m) {
+    return FULL16(m) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(m, p);
+}
+INLINE void u_store16(uint16_t *p, vu a, vm m) {
+    if (FULL16(m)) _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(a));
+    else _mm512_mask_cvtepi32_storeu_epi16(p, m, a);
+}
+INLINE void u_store32(uint32_t *p, vu a, vm m) {
+    if (FULL16(m)) _mm512_storeu_si512(p, a);
+    else _mm512_mask_storeu_epi32(p, m, a);
+}
+INLINE void u_store8(uint8_t *p, vu a, vm m) {
+    if (FULL16(m)) _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(a));
+    else _mm512_mask_cvtepi32_storeu_epi8(p, m, a);
+}
+INLINE vf v_loadf(const float *p, vm m) { return FULL16(m) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p); }
+INLINE void v_storef(float *p, vf a, vm m) {
+    if (FULL16(m)) _mm512_storeu_ps(p, a);
+    else _mm512_mask_storeu_ps(p, m, a);
+}
 INLINE vf v_gather(const float *table, vu idx, vm m) {
     return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, table, 4);
 }
@@ -178,6 +197,42 @@ INLINE vu u_block_amax32(const uint32_t *v, int64_t nb) {
     }
     return r[0];
 }
+
+/* ------------------------------------------------------------------------------- 32 x 16-bit lanes */
+/* For the FP8 encoder of 16-bit values (numerics.h fp8x32_encode): 32 lanes per vector. */
+typedef __m512i vw;
+typedef __mmask32 vwm;
+INLINE vw w_set(uint16_t x) { return _mm512_set1_epi16((short)x); }
+/* The low 16 bits of lane k of v in every lane (from registers: no store-to-load round trip). */
+INLINE vw w_bcast(vu v, int k) { return _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * k)), v); }
+#define FULL32(m) (__builtin_constant_p(m) && (m) == 0xFFFFFFFFu)
+INLINE vw w_load(const uint16_t *p, vwm m) { return FULL32(m) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p); }
+INLINE void w_store(uint16_t *p, vw a, vwm m) {
+    if (FULL32(m)) _mm512_storeu_si512(p, a);
+    else _mm512_mask_storeu_epi16(p, m, a);
+}
+INLINE void w_store8(uint8_t *p, vw a, vwm m) {
+    if (FULL32(m)) _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi16_epi8(a));
+    else _mm512_mask_cvtepi16_storeu_epi8(p, m, a);
+}
+INLINE vw w_add(vw a, vw b) { return _mm512_add_epi16(a, b); }
+INLINE vw w_sub(vw a, vw b) { return _mm512_sub_epi16(a, b); }
+INLINE vw w_and(vw a, vw b) { return _mm512_and_si512(a, b); }
+INLINE vw w_or(vw a, vw b) { return _mm512_or_si512(a, b); }
+INLINE vw w_shr(vw a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+INLINE vw w_shl(vw a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+INLINE vw w_shrv(vw a, vw n) { return _mm512_srlv_epi16(a, n); } /* 0 for counts >= 16 */
+INLINE vw w_shlv(vw a, vw n) { return _mm512_sllv_epi16(a, n); }
+INLINE vw w_min(vw a, vw b) { return _mm512_min_epu16(a, b); }
+INLINE vw w_sel(vwm m, vw a, vw b) { return _mm512_mask_mov_epi16(b, m, a); } /* m ? a : b */
+INLINE vwm w_eq(vw a, vw b) { return _mm512_cmpeq_epi16_mask(a, b); }
+INLINE vwm w_ge_s(vw a, vw b) { return _mm512_cmpge_epi16_mask(a, b); } /* signed */
+INLINE vwm w_ge_u(vw a, vw b) { return _mm512_cmpge_epu16_mask(a, b); }
+INLINE vwm w_lanes(int64_t n) { return n >= 32 ? (vwm)0xFFFFFFFFu : (vwm)((1u << (n > 0 ? n : 0)) - 1u); }
+INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
+INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
+INLINE vwm wm_not(vwm a) { return ~a; }
+INLINE int wm_all(vwm a, vwm m) { return (a & m) == m; }
 
 /* ------------------------------------------------------------------------- 16-bit float conversions */
 /* fp16 bits (low 16 of each lane) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */

@@ -228,6 +228,62 @@ HEAVY vu u_block_amax32(const uint32_t *v, int64_t nb) {
     return r;
 }
 
+/* ------------------------------------------------------------------------------- 32 x 16-bit lanes */
+/* For the FP8 encoder of 16-bit values (numerics.h fp8x32_encode): 32 lanes per vector. */
+typedef uint16_t vw __attribute__((vector_size(64)));
+typedef int16_t vws __attribute__((vector_size(64)));
+typedef vws vwm; /* 32 lanes: 0 or -1 */
+#define FOR_WLANES for (int i_ = 0; i_ < 32; i_++)
+INLINE vw w_set(uint16_t x) { return (vw){0} + x; }
+INLINE vw w_bcast(vu v, int k) { return w_set((uint16_t)v[k]); } /* the low 16 bits of lane k */
+static __attribute__((noinline)) vw w_load_part(const uint16_t *p, vwm m) {
+    vw r = {0};
+    FOR_WLANES if (m[i_]) r[i_] = p[i_];
+    return r;
+}
+INLINE int wm_all(vwm a, vwm m) {
+    int16_t r = -1;
+    FOR_WLANES r &= (int16_t)(a[i_] | ~m[i_]);
+    return r == -1;
+}
+INLINE vwm w_lanes(int64_t n) {
+    const vws idx = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+    return idx < (int16_t)(n > 32 ? 32 : n);
+}
+INLINE vw w_load(const uint16_t *p, vwm m) {
+    if (!wm_all(m, w_lanes(32))) return w_load_part(p, m);
+    vw r;
+    memcpy(&r, p, sizeof r);
+    return r;
+}
+static __attribute__((noinline)) void w_store_part(uint16_t *p, vw a, vwm m) {
+    FOR_WLANES if (m[i_]) p[i_] = a[i_];
+}
+INLINE void w_store(uint16_t *p, vw a, vwm m) {
+    if (!wm_all(m, w_lanes(32))) w_store_part(p, a, m);
+    else memcpy(p, &a, sizeof a);
+}
+HEAVY void w_store8(uint8_t *p, vw a, vwm m) {
+    FOR_WLANES if (m[i_]) p[i_] = (uint8_t)a[i_];
+}
+INLINE vw w_add(vw a, vw b) { return a + b; }
+INLINE vw w_sub(vw a, vw b) { return a - b; }
+INLINE vw w_and(vw a, vw b) { return a & b; }
+INLINE vw w_or(vw a, vw b) { return a | b; }
+INLINE vw w_shr(vw a, int n) { return a >> n; }
+INLINE vw w_shl(vw a, int n) { return a << n; }
+INLINE vw w_sel(vwm m, vw a, vw b) { return ((vw)m & a) | (~(vw)m & b); } /* m ? a : b */
+INLINE vw w_shrv(vw a, vw n) { return w_sel((vwm)(n < 16), a >> (n & 15), (vw){0}); } /* 0 for counts >= 16 */
+INLINE vw w_shlv(vw a, vw n) { return w_sel((vwm)(n < 16), a << (n & 15), (vw){0}); }
+INLINE vw w_min(vw a, vw b) { return w_sel((vwm)(a < b), a, b); }
+INLINE vwm w_eq(vw a, vw b) { return (vwm)(a == b); }
+INLINE vwm w_ge_s(vw a, vw b) { return (vwm)((vws)a >= (vws)b); } /* signed */
+INLINE vwm w_ge_u(vw a, vw b) { return (vwm)(a >= b); }
+INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
+INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
+INLINE vwm wm_not(vwm a) { return ~a; }
+
 /* ------------------------------------------------------------------------- 16-bit float conversions */
 /* fp16 bits (low 16 of each lane) -> fp32, exact. Exponent and mantissa move into place and are rebiased;
    inf/NaN get the top exponent; subnormals are renormalised by one exact fp32 subtraction

@@ -91,6 +91,11 @@ const char *swiglu_cpu_source_hash(void);
 int32_t swiglu_cpu_isa_supported(int32_t isa);
 /* The activation ``kind`` (SWIGLU_ACT_*) of each of the 65,536 bit patterns of a 16-bit dtype. */
 void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, float *out, int32_t isa);
-/* The operators; return 0, or -1 for arguments outside the contract (checked by the Python side first). */
+/* For the tests: the FP8 encoder of 16-bit values (numerics.h fp8x32_code) against the per-element one
+   (fp8_encode of the fp32 product), for every finite bit pattern of ``dtype`` and every scale code; the
+   number of codes that differ, and of values the fast encoder leaves to the per-element one. */
+void swiglu_fp8_x32_check(int32_t dtype, int32_t format, int32_t isa, int64_t *mismatches, int64_t *left);
+/* The operators; return 0, -1 for arguments outside the contract (checked by the Python side first), -2 when
+   working memory could not be allocated. */
 int32_t swiglu_glu_run(const swiglu_glu_args *args, int32_t isa, int32_t n_threads);
 int32_t swiglu_mx_run(const swiglu_mx_args *args, int32_t isa, int32_t n_threads);
