@@ -1,28 +1,31 @@
-"""CPU benchmark of both operators against the copy roofline and the reference (eager and compiled).
+"""CPU benchmark of every operator against the copy roofline and the reference (eager and compiled).
 
-    swiglu-ops bench                 # full run, a few minutes; results in bench_results/
+    swiglu-ops bench                 # full run, several minutes; results in bench_results/
     swiglu-ops bench --quick         # tiny shapes, no torch.compile, seconds (smoke test)
+    swiglu-ops bench --ops swiglu_mx_quant --no-compile   # a subset
     python benchmarks/bench_cpu.py   # the same
 
 For every case, in one run on the same machine:
 
 - ``fused``: the op with ``backend="cpu"`` as called (outputs allocated by the op), and ``fused_out`` with
-  preallocated ``out=`` tensors reused across calls;
+  preallocated ``out=`` tensors reused across calls; ``isa`` names the instruction set of the C kernels
+  (the machine's best unless the case asks for another, e.g. ``portable``);
 - ``copy``: a plain ``Tensor.copy_`` of half the op's bytes into a reused buffer, i.e. the same number of
   bytes read + written (inputs read + outputs written by the op). % of copy roofline = copy time / op time;
 - ``eager``: the reference backend; ``compiled``: the reference backend's kernel functions under
-  ``torch.compile`` (graph breaks allowed: its group loop is Python). For swiglu_group_grad, grad_weight
-  is a plain ``torch.sum`` there instead of the reference's NumPy-order pairwise sum, which Inductor
-  cannot compile in reasonable time (that only makes the baseline faster).
+  ``torch.compile`` (graph breaks allowed: its group loop is Python), for the cases marked as baselines.
+  For swiglu_group_grad, grad_weight is a plain ``torch.sum`` there instead of the reference's NumPy-order
+  pairwise sum, which Inductor cannot compile in reasonable time (that only makes the baseline faster).
 
-Times are medians over repeats. Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with first-call latency
-of the Numba kernels, cold compile and warm cache, measured in fresh subprocesses) and ``bench_cpu.png``
-(% of copy roofline over sizes) into ``--out``.
+Times are medians over repeats. Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call
+latency of each operator in a fresh interpreter) and ``bench_cpu.png`` (% of copy roofline and time over
+sizes) into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -31,32 +34,44 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import _api, mx, reference, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad
+from . import _api, mx, reference
+from .glu import GluParams
 
-OPS = ("swiglu_group_grad", "swiglu_bwd_mx_quant")
+OPS = ("swiglu_group_grad", "swiglu_bwd_mx_quant", "clipped_swiglu", "clipped_swiglu_grad", "swiglu_mx_quant")
+#: The public function of each benchmarked op.
+_PUBLIC = {
+    "swiglu_group_grad": "swiglu_group_grad",
+    "swiglu_bwd_mx_quant": "swiglu_backward_mx_quant_dual_axis",
+    "clipped_swiglu": "clipped_swiglu",
+    "clipped_swiglu_grad": "clipped_swiglu_grad",
+    "swiglu_mx_quant": "swiglu_mx_quant_dual_axis",
+}
+_DST = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
 
 
 @dataclass
 class Case:
     op: str
     rows: int
-    cols: int  # 2H (the x last dim)
+    cols: int  # the x last dim (2H)
     dtype: torch.dtype
     groups: int = 0  # 0: no group_index
     label: str = ""
+    dst: str = ""  # swiglu_mx_quant: the element format (default e4m3)
+    isa: str = ""  # the cpu backend's instruction set ("": the machine's best)
+    baselines: bool = True  # time the reference eager and compiled too
 
     @property
     def name(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
-        g = f" G={self.groups}" if self.groups else ""
-        return f"{self.op} M={self.rows} 2H={self.cols} {dt}{g}"
+        extra = "".join(f" {v}" for v in (f"G={self.groups}" if self.groups else "", self.dst, self.isa) if v)
+        return f"{self.op} M={self.rows} 2H={self.cols} {dt}{extra}"
 
 
 @dataclass
@@ -67,23 +82,25 @@ class Result:
     dtype: str
     groups: int
     label: str
+    dst: str
+    isa: str
     mbytes: float
     copy_ms: float
     fused_ms: float
     fused_out_ms: float
-    eager_ms: float
+    eager_ms: float | None
     compiled_ms: float | None
     compiled_error: str = ""  # why the compiled baseline is missing (e.g. the C++ compiler failed)
     pct_roofline: float = field(init=False)
     pct_roofline_out: float = field(init=False)
     speedup_vs_compiled: float | None = field(init=False)
-    speedup_vs_eager: float = field(init=False)
+    speedup_vs_eager: float | None = field(init=False)
 
     def __post_init__(self):
         self.pct_roofline = 100 * self.copy_ms / self.fused_ms
         self.pct_roofline_out = 100 * self.copy_ms / self.fused_out_ms
         self.speedup_vs_compiled = None if self.compiled_ms is None else self.compiled_ms / self.fused_ms
-        self.speedup_vs_eager = self.eager_ms / self.fused_ms
+        self.speedup_vs_eager = None if self.eager_ms is None else self.eager_ms / self.fused_ms
 
 
 def _progress(msg: str) -> None:
@@ -112,45 +129,64 @@ def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+_GPT_OSS = GluParams(interleaved=True, clipped=True, alpha=1.702, limit=7.0, bias=1.0)
+
+
 def _prepare(case: Case, gen: torch.Generator):
-    """(inputs of the public op, inputs of the reference kernel function, output allocator, bytes moved)."""
+    """(inputs of the public op, the reference kernel function's arguments, out= tensors, bytes moved)."""
     m, c, dt = case.rows, case.cols, case.dtype
     x = (torch.randn(m, c, generator=gen) * 3).to(dt)
     dy = torch.randn(m, c // 2, generator=gen).to(dt)
     counts = _uneven_counts(m, case.groups, gen) if case.groups else None
+    valid = None if counts is None else _api._valid_rows(counts, m)
+    ends = None if counts is None else counts.cumsum(0)
     if case.op == "swiglu_group_grad":
         weight = torch.rand(m, 1, generator=gen) + 0.5
         y_origin = torch.randn(m, c // 2, generator=gen).to(dt)
-        args = (dy, x, weight, y_origin, counts, 7.0)
+        args, kwargs = (dy, x, weight, y_origin, counts, 7.0), {}
         grad_x, grad_weight = torch.empty_like(x), torch.empty(m, dtype=torch.float32)
-        valid = None if counts is None else _api._valid_rows(counts, m)
         kernel_args = (dy, x, weight.view(m), y_origin, valid, 7.0, grad_x, grad_weight)
         outs = (grad_x, grad_weight.view(m, 1))
+    elif case.op in ("clipped_swiglu", "clipped_swiglu_grad"):  # GPT-OSS's defaults: interleaved, 1.702, 7, 1
+        backward = case.op == "clipped_swiglu_grad"
+        args, kwargs = ((dy, x, counts) if backward else (x, counts)), {}
+        out = torch.empty_like(x) if backward else torch.empty_like(dy)
+        kernel_args = (dy, x, valid, _GPT_OSS, out) if backward else (x, valid, _GPT_OSS, out)
+        outs = out
     else:
-        ends = None if counts is None else counts.cumsum(0)
-        args = (x, dy, ends)
-        outs = _api.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="cpu")
+        if case.op == "swiglu_bwd_mx_quant":
+            args, kwargs = (x, dy, ends), {}
+            fmt, width = mx.E4M3FN, c
+        else:
+            dst = _DST[case.dst or "e4m3"]
+            args, kwargs = (x, ends), {"dst_dtype": dst}
+            fmt, width = mx.element_format(dst), c // 2
+        outs = _call(case.op, args, kwargs, "cpu")
         y1, s1, y2, s2 = (t.view(torch.uint8) for t in outs)
+        ybytes = width // 2 if fmt.packed else width
+        scale_alg = 0 if fmt.packed else 1
         kernel_args = (
             x.view(1, m, c),
-            dy.view(1, m, c // 2),
+            *((dy.view(1, m, c // 2),) if case.op == "swiglu_bwd_mx_quant" else ()),
             ends,
-            True,
-            1,
-            mx.E4M3FN,
-            y1.view(1, m, c),
-            s1.view(1, m, c // 32),
-            y2.view(1, m, c),
+            GluParams(),
+            scale_alg,
+            fmt,
+            *(() if case.op == "swiglu_bwd_mx_quant" else ("rint",)),
+            y1.view(1, m, ybytes),
+            s1.view(1, m, -1),
+            y2.view(1, m, ybytes),
             s2.view(1, *s2.shape),
         )
-    nbytes = _nbytes(*(a for a in args if isinstance(a, torch.Tensor)), *outs)
-    return args, kernel_args, outs, nbytes
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    nbytes = _nbytes(*inputs, *(outs if isinstance(outs, tuple) else (outs,)))
+    return args, kwargs, kernel_args, outs, nbytes
 
 
-def _call(op: str, args, backend: str, out=None):
-    if op == "swiglu_group_grad":
-        return swiglu_group_grad(*args, backend=backend, out=out)
-    return swiglu_backward_mx_quant_dual_axis(*args, backend=backend, out=out)
+def _call(op: str, args, kwargs, backend: str, out=None):
+    import swiglu_ops
+
+    return getattr(swiglu_ops, _PUBLIC[op])(*args, **kwargs, backend=backend, out=out)
 
 
 def _reference_group_grad_plain_sum(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight):
@@ -160,38 +196,59 @@ def _reference_group_grad_plain_sum(dy, x, weight, y_origin, valid_rows, clamp, 
     grad_weight.copy_((dy.float() * y_origin.float()).sum(-1))
 
 
+_KERNELS = {
+    "swiglu_group_grad": _reference_group_grad_plain_sum,
+    "swiglu_bwd_mx_quant": reference.swiglu_bwd_mx_quant,
+    "clipped_swiglu": reference.clipped_swiglu,
+    "clipped_swiglu_grad": reference.clipped_swiglu_grad,
+    "swiglu_mx_quant": reference.swiglu_mx_quant,
+}
 _COMPILED = {}
 
 
 def _compiled_reference(op: str):
     """The reference backend's kernel function under torch.compile (one compiled function per op)."""
     if op not in _COMPILED:
-        fn = _reference_group_grad_plain_sum if op == "swiglu_group_grad" else reference.swiglu_bwd_mx_quant
-        _COMPILED[op] = torch.compile(fn, dynamic=True)
+        _COMPILED[op] = torch.compile(_KERNELS[op], dynamic=True)
     return _COMPILED[op]
 
 
+def _isa(name: str):
+    """The cpu backend's instruction set for a case ("" = the default one)."""
+    if not name:
+        return contextlib.nullcontext()
+    from . import cpu
+
+    return cpu.instruction_set(name)
+
+
 def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Generator) -> Result:
-    args, kernel_args, outs, nbytes = _prepare(case, gen)
+    from . import cpu
+
+    args, kwargs, kernel_args, outs, nbytes = _prepare(case, gen)
     src = torch.ones(nbytes // 2, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
     dst = torch.empty_like(src)
     _progress(f"{case.name}: copy roofline ({nbytes / 1e6:.0f} MB)")
     copy_ms = _time_ms(lambda: dst.copy_(src), repeats)
     _progress(f"{case.name}: fused cpu kernel")
-    fused_ms = _time_ms(lambda: _call(case.op, args, "cpu"), repeats)
-    fused_out_ms = _time_ms(lambda: _call(case.op, args, "cpu", out=outs), repeats)
-    slow_repeats = max(1, repeats // 3)
-    _progress(f"{case.name}: reference eager")
-    eager_ms = _time_ms(lambda: _call(case.op, args, "reference"), slow_repeats)
-    compiled_ms, compiled_error = None, ""
-    if compile_reference:
-        _progress(f"{case.name}: reference under torch.compile (compiling...)")
-        fn = _compiled_reference(case.op)
-        try:
-            compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats)
-        except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
-            compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-            _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
+    with _isa(case.isa):
+        isa = cpu.LIBRARY.isa
+        fused_ms = _time_ms(lambda: _call(case.op, args, kwargs, "cpu"), repeats)
+        fused_out_ms = _time_ms(lambda: _call(case.op, args, kwargs, "cpu", out=outs), repeats)
+    eager_ms = compiled_ms = None
+    compiled_error = ""
+    if case.baselines:
+        slow_repeats = max(1, repeats // 3)
+        _progress(f"{case.name}: reference eager")
+        eager_ms = _time_ms(lambda: _call(case.op, args, kwargs, "reference"), slow_repeats)
+        if compile_reference:
+            _progress(f"{case.name}: reference under torch.compile (compiling...)")
+            fn = _compiled_reference(case.op)
+            try:
+                compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats)
+            except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
+                compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+                _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
     return Result(
         case.op,
         case.rows,
@@ -199,6 +256,8 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
         str(case.dtype).removeprefix("torch."),
         case.groups,
         case.label,
+        case.dst,
+        isa,
         nbytes / 1e6,
         copy_ms,
         fused_ms,
@@ -209,49 +268,55 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
     )
 
 
-def default_cases(quick: bool) -> list[Case]:
+def default_cases(quick: bool, ops=OPS) -> list[Case]:
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     cases = []
-    for op in OPS:
+    for op in ops:
         if quick:
-            cases += [Case(op, 64, 256, torch.bfloat16, label="size"), Case(op, 256, 512, torch.bfloat16, 4)]
+            cases += [Case(op, 64, 256, bf16, label="size"), Case(op, 256, 512, bf16, 4)]
+            if op == "swiglu_mx_quant":
+                cases.append(Case(op, 64, 256, bf16, dst="e2m1", label="fp4"))
             continue
         for m in (256, 1024, 4096, 8192):
-            cases.append(Case(op, m, 4096, torch.bfloat16, label="size" if m != 8192 else "headline"))
-        cases += [
-            Case(op, 8192, 4096, torch.bfloat16, groups=8, label="8 uneven groups"),
-            Case(op, 8192, 4096, torch.float16, label="fp16"),
-        ]
+            cases.append(Case(op, m, 4096, bf16, label="size" if m != 8192 else "headline"))
+        cases.append(Case(op, 8192, 4096, bf16, groups=8, label="8 uneven groups"))
+        if op == "swiglu_mx_quant":
+            cases.append(Case(op, 8192, 4096, bf16, dst="e2m1", label="fp4"))
+        if op in ("swiglu_group_grad", "swiglu_bwd_mx_quant"):
+            cases.append(Case(op, 8192, 4096, fp16, label="fp16", baselines=False))
+        cases.append(Case(op, 8192, 4096, fp32, label="fp32", baselines=False))
+        cases.append(Case(op, 8192, 4096, bf16, label="portable", isa="portable", baselines=False))
     return cases
 
 
 _LATENCY_SCRIPT = """
-import time, torch
+import time
 t0 = time.perf_counter()
-import swiglu_ops
-x = torch.randn(256, 1024).bfloat16(); dy = torch.randn(256, 512).bfloat16()
+import torch, swiglu_ops
 t1 = time.perf_counter()
-swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")
-t2 = time.perf_counter()
-swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, backend="cpu")
-t3 = time.perf_counter()
-print(t1 - t0, t2 - t1, t3 - t2)
+x = torch.randn(256, 1024).bfloat16(); dy = torch.randn(256, 512).bfloat16()
+calls = [
+    lambda: swiglu_ops.swiglu_group_grad(dy, x, backend="cpu"),
+    lambda: swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, backend="cpu"),
+    lambda: swiglu_ops.clipped_swiglu(x, backend="cpu"),
+    lambda: swiglu_ops.clipped_swiglu_grad(dy, x, backend="cpu"),
+    lambda: swiglu_ops.swiglu_mx_quant_dual_axis(x, backend="cpu"),
+]
+times = []
+for call in calls:
+    t = time.perf_counter(); call(); times.append(time.perf_counter() - t)
+print(t1 - t0, *times)
 """
 
 
 def first_call_latency() -> dict:
-    """Import time and first bf16 call of each op in fresh interpreters: cold (empty Numba cache, so the
-    kernels are compiled) and warm (the on-disk cache written by the cold run)."""
-    out = {}
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        for label in ("cold", "warm"):
-            _progress(f"first-call latency, {label} Numba cache (fresh interpreter)")
-            res = subprocess.run(
-                [sys.executable, "-c", _LATENCY_SCRIPT], env=env, capture_output=True, text=True, check=True
-            )
-            imp, gg, mxq = (float(v) for v in res.stdout.split())
-            out[label] = {"import_s": imp, "swiglu_group_grad_s": gg, "swiglu_bwd_mx_quant_s": mxq}
-    return out
+    """In a fresh interpreter: ``import torch, swiglu_ops``, then the first bf16 call of each operator
+    (256 x 1024) with the cpu backend (loading the library, starting the threads, building the activation
+    tables)."""
+    _progress("first-call latency (fresh interpreter)")
+    res = subprocess.run([sys.executable, "-c", _LATENCY_SCRIPT], capture_output=True, text=True, check=True)
+    imp, *calls = (float(v) for v in res.stdout.split())
+    return {"import_s": imp, **{f"{op}_s": t for op, t in zip(OPS, calls, strict=True)}}
 
 
 def _fmt(v, spec: str, suffix: str = "") -> str:
@@ -259,31 +324,31 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-".rjust(width) if v is None else format(v, spec) + suffix
 
 
+def _case_name(r: Result) -> str:
+    extra = "".join(f" {v}" for v in (f"G={r.groups}" if r.groups else "", r.dst) if v)
+    return f"{r.op} {r.rows}x{r.cols} {r.dtype}{extra}"
+
+
 def format_table(results: list[Result]) -> str:
     head = (
-        f"{'case':<44} {'MB':>6} {'copy':>7} {'fused':>7} {'%roof':>6} {'out=':>7} {'%roof':>6} "
+        f"{'case':<46} {'isa':>11} {'MB':>6} {'copy':>7} {'fused':>7} {'%roof':>6} {'out=':>7} {'%roof':>6} "
         f"{'eager':>8} {'compiled':>8} {'x comp':>7} {'x eager':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
-        g = f" G={r.groups}" if r.groups else ""
-        name = f"{r.op} {r.rows}x{r.cols} {r.dtype}{g}"
         lines.append(
-            f"{name:<44} {r.mbytes:>6.0f} {r.copy_ms:>7.2f} {r.fused_ms:>7.2f} {r.pct_roofline:>5.0f}% "
-            f"{r.fused_out_ms:>7.2f} {r.pct_roofline_out:>5.0f}% {r.eager_ms:>8.1f} "
-            f"{_fmt(r.compiled_ms, '>8.1f')} {_fmt(r.speedup_vs_compiled, '>6.1f', 'x')} "
-            f"{r.speedup_vs_eager:>6.1f}x"
+            f"{_case_name(r):<46} {r.isa:>11} {r.mbytes:>6.0f} {r.copy_ms:>7.2f} {r.fused_ms:>7.2f} "
+            f"{r.pct_roofline:>5.0f}% {r.fused_out_ms:>7.2f} {r.pct_roofline_out:>5.0f}% "
+            f"{_fmt(r.eager_ms, '>8.1f')} {_fmt(r.compiled_ms, '>8.1f')} "
+            f"{_fmt(r.speedup_vs_compiled, '>6.1f', 'x')} {_fmt(r.speedup_vs_eager, '>6.1f', 'x')}"
         )
     lines.append(
         "times in ms (median); %roof = copy time / op time; x comp / x eager = speedup of the "
-        "fused op as called"
+        "fused op as called; isa = the C kernels' instruction set"
     )
     for r in results:
         if r.compiled_error:
-            g = f" G={r.groups}" if r.groups else ""
-            lines.append(
-                f"compiled reference failed for {r.op} {r.rows}x{r.cols} {r.dtype}{g}: {r.compiled_error}"
-            )
+            lines.append(f"compiled reference failed for {_case_name(r)}: {r.compiled_error}")
     return "\n".join(lines)
 
 
@@ -296,24 +361,34 @@ def _plot(results: list[Result], path: Path) -> bool:
     except ImportError:
         _progress("matplotlib is not installed: no plot")
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax_pct, ax_ms) = plt.subplots(1, 2, figsize=(13, 4.5))
     for op in OPS:
         pts = sorted(
-            (r.mbytes, r.pct_roofline, r.pct_roofline_out)
+            (r.mbytes, r.pct_roofline, r.pct_roofline_out, r.fused_ms, r.copy_ms)
             for r in results
             if r.op == op and r.label in ("size", "headline")
         )
-        if pts:
-            mb, pct, pct_out = zip(*pts, strict=True)
-            ax.plot(mb, pct, "o-", label=f"{op} (as called)")
-            ax.plot(mb, pct_out, "s--", label=f"{op} (out=)")
-    ax.axhline(50, color="grey", lw=0.8, ls=":")
-    ax.axhline(25, color="grey", lw=0.8, ls=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("bytes moved per call (MB), bf16, 2H = x last dim")
-    ax.set_ylabel("% of copy roofline")
-    ax.set_title("swiglu_ops cpu backend")
-    ax.legend(fontsize=8)
+        if not pts:
+            continue
+        mb, pct, pct_out, ms, copy = zip(*pts, strict=True)
+        (line,) = ax_pct.plot(mb, pct, "o-", label=f"{op} (as called)")
+        ax_pct.plot(mb, pct_out, "s--", color=line.get_color(), label=f"{op} (out=)")
+        ax_ms.plot(mb, ms, "o-", color=line.get_color(), label=op)
+    if any(r.label in ("size", "headline") for r in results):
+        copy_pts = sorted({(r.mbytes, r.copy_ms) for r in results if r.label in ("size", "headline")})
+        ax_ms.plot(*zip(*copy_pts, strict=True), "k:", label="copy of the same bytes")
+    for y, text in ((50, "50 % goal"), (25, "25 % first milestone")):
+        ax_pct.axhline(y, color="grey", lw=0.8, ls=":")
+        ax_pct.annotate(text, (ax_pct.get_xlim()[0], y), fontsize=7, color="grey", va="bottom")
+    for ax in (ax_pct, ax_ms):
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes moved per call (MB), bf16, 2H = 4096, M = 256 ... 8192")
+        ax.legend(fontsize=7)
+    ax_ms.set_yscale("log")
+    ax_pct.set_ylabel("% of copy roofline (copy time / op time)")
+    ax_ms.set_ylabel("time per call (ms, median)")
+    ax_pct.set_title("swiglu_ops cpu backend: % of copy roofline")
+    ax_ms.set_title("swiglu_ops cpu backend: time")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -326,7 +401,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="output folder")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd reference")
-    p.add_argument("--no-latency", action="store_true", help="skip the first-call latency subprocesses")
+    p.add_argument("--no-latency", action="store_true", help="skip the first-call latency subprocess")
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="the operators to benchmark")
     args = p.parse_args(argv)
     ok, why = _api.backend_status("cpu", torch.device("cpu"))
     if not ok:
@@ -336,7 +412,7 @@ def main(argv=None) -> int:
     compile_reference = not (args.quick or args.no_compile)
     gen = torch.Generator().manual_seed(0)
     results = []
-    cases = default_cases(args.quick)
+    cases = default_cases(args.quick, args.ops)
     for i, case in enumerate(cases, 1):
         _progress(f"[{i}/{len(cases)}] {case.name}")
         results.append(run_case(case, repeats=repeats, compile_reference=compile_reference, gen=gen))
@@ -344,32 +420,30 @@ def main(argv=None) -> int:
     table = format_table(results)
     print(table)
     if latency:
-        for label, v in latency.items():
-            print(
-                f"first call ({label} Numba cache): import {v['import_s']:.2f} s, swiglu_group_grad "
-                f"{v['swiglu_group_grad_s']:.2f} s, swiglu_bwd_mx_quant {v['swiglu_bwd_mx_quant_s']:.2f} s"
-            )
+        calls = ", ".join(f"{op} {latency[f'{op}_s'] * 1e3:.0f} ms" for op in OPS)
+        total = sum(latency[f"{op}_s"] for op in OPS)
+        print(
+            f"first calls in a fresh interpreter: import {latency['import_s']:.2f} s; {calls} ({total:.2f} s)"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [asdict(r) for r in results]
     with open(args.out / "bench_cpu.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    from . import cpu
+
     meta = {
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "isa": cpu.LIBRARY.isa,
+        "isas": cpu.LIBRARY.supported_isas(),
         "quick": args.quick,
         "repeats": repeats,
     }
-    try:
-        import numba
-
-        meta.update(numba=numba.__version__, numba_threads=numba.get_num_threads())
-    except ImportError:  # pragma: no cover - the cpu backend needs numba
-        pass
     (args.out / "bench_cpu.json").write_text(
         json.dumps({"meta": meta, "results": rows, "first_call_latency": latency}, indent=2)
     )

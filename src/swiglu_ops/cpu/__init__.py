@@ -15,6 +15,7 @@ memory of freed outputs (the CPU counterpart of PyTorch's CUDA caching allocator
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import math
 import os
@@ -284,6 +285,20 @@ def swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, 
     _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2)
 
 
+@contextlib.contextmanager
+def instruction_set(name: str):
+    """Run this backend's kernels with instruction set ``name`` (one of ``LIBRARY.supported_isas()``) inside
+    the ``with`` block (for comparisons and benchmarks; ``SWIGLU_OPS_CPU_SIMD`` sets the default)."""
+    if name not in LIBRARY.supported_isas():
+        raise ValueError(f"instruction set {name!r} is not one of {LIBRARY.supported_isas()} on this machine")
+    saved = LIBRARY.isa, LIBRARY.isa_code
+    LIBRARY.isa, LIBRARY.isa_code = name, getattr(LIBRARY.lib, f"SWIGLU_ISA_{name.upper()}")
+    try:
+        yield
+    finally:
+        LIBRARY.isa, LIBRARY.isa_code = saved
+
+
 def supports_glu(op: str, glu: GluParams) -> bool:
     """Every kernel of this backend runs every member of the GLU family (see ``swiglu_ops._api``)."""
     return True
@@ -308,6 +323,7 @@ __all__ = [
     "OutputCache",
     "empty",
     "empty_cache",
+    "instruction_set",
     "is_available",
     "swiglu_group_grad",
     "swiglu_bwd_mx_quant",
