@@ -257,7 +257,9 @@ def _round_mode(round_mode: str) -> int:
     ]
 
 
-def _mx(backward: bool, x, dy, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2) -> None:
+def _mx(
+    backward: bool, x, dy, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2
+) -> None:
     args = LIBRARY.ffi.new("swiglu_mx_args *")
     args.backward = backward
     args.dtype = _dtype(x)
@@ -271,18 +273,21 @@ def _mx(backward: bool, x, dy, group_ends, glu, scale_alg, fmt, round_mode, y1, 
     args.format = _format(fmt)
     args.scale_alg = scale_alg
     args.round_mode = _round_mode(round_mode)
+    args.transpose_y2 = transpose_y2
     _fill_glu(args.glu, glu)
     _run("swiglu_mx_run", args)
 
 
-def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2) -> None:
+def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
-    _mx(True, x, dy, group_ends, glu, scale_alg, fmt, "rint", y1, s1, y2, s2)
+    _mx(True, x, dy, group_ends, glu, scale_alg, fmt, "rint", y1, s1, y2, s2, transpose_y2)
 
 
-def swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2) -> None:
+def swiglu_mx_quant(
+    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
+) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
-    _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2)
+    _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2)
 
 
 @contextlib.contextmanager

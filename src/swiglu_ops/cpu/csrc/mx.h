@@ -152,11 +152,15 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
         for (int64_t k = 0; k < 16 && j + k < width; k++) s2[2 * (j + k)] = (uint8_t)cs[k];
     }
     /* -1 axis: per row and per 16 blocks of 32 columns, the amax, scale codes and factors; then the element
-       codes of those columns on both axes */
+       codes of those columns on both axes. y1 and y2 point at the segment's first column (FP4: its byte);
+       a token-contiguous y2 ([B, W, M], FP8) is written through ``y2t`` ([row][column]), then transposed. */
+    _Alignas(64) uint8_t y2t[MX_BLOCK * 2 * MX_CHUNK];
+    const int64_t seg = fp4 ? col0 / 2 : col0;
     for (int64_t i = 0; i < blk->nrows; i++) {
         const int64_t row = blk->b * a->m + blk->row0 + i;
         const char *v = (const char *)tile + (i * ts + tc) * es;
-        uint8_t *y1 = a->y1 + row * y_stride, *y2 = a->y2 + row * y_stride;
+        uint8_t *y1 = a->y1 + row * y_stride + seg;
+        uint8_t *y2 = a->transpose_y2 ? y2t + i * width : a->y2 + row * y_stride + seg;
         uint8_t *s1 = a->s1 + row * s1_stride + col0 / MX_BLOCK;
         for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
             const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16, col = 32 * k0;
@@ -169,7 +173,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
             if (x32) {
                 vu keeps;
                 const vu qs = fp8x32_block(&c, codes, &keeps);
-                store_codes_x32(y1 + col0 + col, y2 + col0 + col, (const uint16_t *)v + col, qs, keeps, recip,
+                store_codes_x32(y1 + col, y2 + col, (const uint16_t *)v + col, qs, keeps, recip,
                                 col_q + col, col_keep + col, col_recip + col, n, &c, &f, dt);
                 continue;
             }
@@ -178,13 +182,18 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
             for (int64_t j = 0; j < n; j += 16) {
                 const vm m = m_lanes(n - j);
                 const vf x = ld(v, col + j, dt, m);
-                store_codes(y1, col0 + col + j, x, v_set(r[j / 32]), &f, m, fp4);
-                store_codes(y2, col0 + col + j, x, v_loadf(col_recip + col + j, m_all()), &f, m, fp4);
+                store_codes(y1, col + j, x, v_set(r[j / 32]), &f, m, fp4);
+                store_codes(y2, col + j, x, v_loadf(col_recip + col + j, m_all()), &f, m, fp4);
             }
         }
         /* the pad slot of an odd number of blocks (forward, N % 64 in (0, 32]) is written as code 0 */
         if (col0 + width == W && (W + MX_BLOCK - 1) / MX_BLOCK % 2 == 1) s1[nblk] = 0;
     }
+    if (a->transpose_y2) /* column j of the segment: the task's rows, contiguous in y2[b, col0 + j, :] */
+        for (int64_t j = 0; j < width; j++) {
+            uint8_t *out = a->y2 + (blk->b * W + col0 + j) * a->m + blk->row0;
+            for (int64_t i = 0; i < blk->nrows; i++) out[i] = y2t[i * width + j];
+        }
 }
 
 /* ------------------------------------------------------------------------------------------- tasks */
@@ -282,7 +291,7 @@ static int FN(mx_format_of)(const swiglu_mx_args *a, mx_format *f) {
 
 static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     mx_job job = {.a = a, .width = a->backward ? a->cols : a->cols / 2};
-    if (FN(mx_format_of)(a, &job.fmt) != 0) return -1;
+    if (FN(mx_format_of)(a, &job.fmt) != 0 || (a->transpose_y2 && job.fmt.fp4)) return -1;
     act_fn act2;
     glu_acts(&a->glu, a->backward, &job.act, &act2);
     if (a->glu.clipped && a->glu.clamp_mode != 0) return -1; /* the MX operators take clamp_mode 0 */
@@ -321,8 +330,10 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
         const int64_t W = job.width, rows = a->m - covered;
         const int64_t yb = job.fmt.fp4 ? W / 2 : W, sb = 2 * ((W + 63) / 64);
         memset(a->y1 + covered * yb, 0, (size_t)(rows * yb));
-        memset(a->y2 + covered * yb, 0, (size_t)(rows * yb));
         memset(a->s1 + covered * sb, 0, (size_t)(rows * sb));
+        if (!a->transpose_y2) memset(a->y2 + covered * yb, 0, (size_t)(rows * yb));
+        else
+            for (int64_t j = 0; j < W; j++) memset(a->y2 + j * a->m + covered, 0, (size_t)rows);
     }
     return 0;
 }

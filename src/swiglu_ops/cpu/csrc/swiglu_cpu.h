@@ -37,7 +37,7 @@
 
 /* Bumped whenever a struct or prototype below changes: a library built from another version of this file
    is refused at load. */
-#define SWIGLU_ABI_VERSION 1
+#define SWIGLU_ABI_VERSION 2
 
 /* Which member of the GLU family (swiglu_ops.glu.GluParams), and its activation tables. */
 typedef struct {
@@ -80,7 +80,8 @@ typedef struct {
     const void *dy;         /* backward: [batch, m, cols / 2] */
     const int64_t *group_ends;
     uint8_t *y1, *s1, *y2, *s2; /* element codes (FP4: two per byte, 2j low), scale codes */
-    int32_t format, scale_alg, round_mode, reserved;
+    int32_t format, scale_alg, round_mode;
+    int32_t transpose_y2; /* y2 token-contiguous: [batch, width, m] (FP8 only) instead of [batch, m, width] */
     swiglu_glu glu;
 } swiglu_mx_args;
 
