@@ -44,6 +44,9 @@ int32_t swiglu_cpu_isa_supported(int32_t isa) {
 
 /* Workers are started on first use and then wait for jobs. One job runs at a time: a caller that finds the
    pool busy (another Python thread inside an operator) runs its tasks alone, which gives the same bits.
+   The caller takes tasks too and waits only for the workers that joined the job while tasks were left:
+   a worker that gets no CPU in time (a machine busy with PyTorch's own OpenMP threads, which spin after
+   every parallel region) costs nothing, the others do its share, and it skips the job when it wakes.
    After fork() the child has no workers (only the calling thread is copied): an atfork handler resets the
    pool, and the child starts its own workers when it first needs them. Every thread runs the tasks with
    the default floating-point environment (no flush-to-zero), whatever the caller's. */
@@ -55,14 +58,15 @@ static struct {
     pthread_mutex_t lock; /* guards what follows */
     pthread_cond_t wake, done;
     int n_workers;
-    uint64_t generation;
+    uint64_t generation; /* one per job */
+    int open;            /* the current job still takes workers */
     task_fn fn;
     const void *ctx;
     int64_t n_tasks;
+    int helpers;         /* at most this many workers join (the threads asked for, minus the caller) */
+    int active;          /* workers inside the current job */
     uint64_t born[MAX_WORKERS]; /* the generation when each worker was started: its first job is the next */
-    int helpers;  /* workers taking part in the current job */
-    int pending;  /* of those, still working */
-    atomic_llong next;
+    atomic_llong next;   /* the next task */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER,
           .lock = PTHREAD_MUTEX_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER,
@@ -90,14 +94,16 @@ static void *worker(void *arg) {
     for (;;) {
         while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
         seen = pool.generation;
-        if (index >= pool.helpers) continue;
+        /* join only a job that is still open, has tasks left and wants more helpers */
+        if (!pool.open || index >= pool.helpers || atomic_load(&pool.next) >= pool.n_tasks) continue;
         const task_fn fn = pool.fn;
         const void *ctx = pool.ctx;
         const int64_t n = pool.n_tasks;
+        pool.active++;
         pthread_mutex_unlock(&pool.lock);
         run_tasks(fn, ctx, n);
         pthread_mutex_lock(&pool.lock);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+        if (--pool.active == 0) pthread_cond_signal(&pool.done);
     }
     return NULL;
 }
@@ -108,8 +114,9 @@ static void pool_after_fork_in_child(void) {
     pthread_cond_init(&pool.wake, NULL);
     pthread_cond_init(&pool.done, NULL);
     pool.n_workers = 0;
+    pool.open = 0;
     pool.helpers = 0;
-    pool.pending = 0;
+    pool.active = 0;
 }
 
 static void tables_after_fork_in_child(void);
@@ -164,14 +171,17 @@ void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
     pool.helpers = n < helpers ? n : (int)helpers;
-    pool.pending = pool.helpers;
+    pool.active = 0;
+    pool.open = 1;
     atomic_store(&pool.next, 0);
     pool.generation++;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     run_tasks(fn, ctx, n_tasks);
+    /* every task is taken: close the job (a worker waking later skips it) and wait for those inside */
     pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    pool.open = 0;
+    while (pool.active > 0) pthread_cond_wait(&pool.done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.busy);
 }
