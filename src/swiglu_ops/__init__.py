@@ -12,9 +12,16 @@
 - :func:`swiglu_mx_quant_dual_axis`: SwiGLU forward fused with dual-axis MX block quantisation to FP8
   (E4M3FN, E5M2) or FP4 (E2M1, E1M2 = the sentinel :data:`float4_e1m2fn_x2`), E8M0 scales (CANN
   ``SwigluMxQuantWithDualAxis``).
-- :func:`mx_dequantize`: the inverse of the quantisation.
+- :func:`mx_dequantize`: the inverse of the quantisation; :mod:`swiglu_ops.layouts`: the scales in the
+  layouts MX GEMMs read.
+- :func:`counts_to_ends` / :func:`ends_to_counts`: between the two group conventions (counts for
+  ``swiglu_group_grad`` and the clipped SwiGLU, cumulative row ends = PyTorch's ``offs`` for the MX
+  operators).
+- :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp`: an MoE expert MLP (ragged expert groups) whose SwiGLU
+  runs on the two dual-axis MX operators and whose GEMMs read MXFP8 (:mod:`swiglu_ops.expert_mlp`).
 
-The operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``.
+The operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``; every public function
+works inside ``torch.compile`` (``docs/integration.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 # torch_ops registers torch.ops.swiglu_ops.*; integrations imports transformers only when patch_gpt_oss runs
 from . import _api, integrations, layouts, torch_ops  # noqa: F401
 from ._api import (
+    GroupConventionWarning,
     available_backends,
     clipped_swiglu,
     clipped_swiglu_grad,
@@ -29,9 +37,18 @@ from ._api import (
     swiglu_group_grad,
     swiglu_mx_quant_dual_axis,
 )
+from .groups import counts_to_ends, ends_to_counts
 from .mx import FLOAT4_E1M2FN_X2 as float4_e1m2fn_x2
 from .mx import mx_dequantize
-from .nn import ClampedSwiGLU, ClippedSwiGLU, MXGradient, clamped_swiglu, swiglu_mx_backward
+from .nn import (
+    ClampedSwiGLU,
+    ClippedSwiGLU,
+    MXFP8ExpertMLP,
+    MXGradient,
+    clamped_swiglu,
+    mxfp8_expert_mlp,
+    swiglu_mx_backward,
+)
 
 __version__ = "0.1.0"
 
@@ -45,11 +62,16 @@ __all__ = [
     "float4_e1m2fn_x2",
     "mx_dequantize",
     "available_backends",
+    "counts_to_ends",
+    "ends_to_counts",
+    "GroupConventionWarning",
     "layouts",
     "ClampedSwiGLU",
     "clamped_swiglu",
     "ClippedSwiGLU",
     "swiglu_mx_backward",
     "MXGradient",
+    "MXFP8ExpertMLP",
+    "mxfp8_expert_mlp",
     "__version__",
 ]

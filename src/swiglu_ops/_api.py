@@ -11,7 +11,7 @@ normalised arguments (the *kernel contract*):
     valid); ``clamp`` a Python float exactly representable in fp32, ``> 0`` enables the clamp;
     ``grad_x`` [R, 2H] (dtype of dy) and ``grad_weight`` [R] fp32 (or None) are contiguous outputs to write.
 
-``swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2) -> None``
+``swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None``
     ``x`` [B, M, C] and ``dy`` [B, M, C/2] contiguous (bf16/fp16/fp32), B*M >= 1, C % 64 == 0;
     ``group_ends`` an int64 [G] contiguous tensor of cumulative row ends (then B == 1) or None. Backends
     clamp every end into [previous end, M] (a no-op for validated CPU input); rows past the last end
@@ -21,8 +21,13 @@ normalised arguments (the *kernel contract*):
     Outputs (all uint8, contiguous): ``y1``/``y2`` [B, M, C] element codes, ``s1`` [B, M, C/32] row-wise
     scale codes in block order, ``s2`` [B, R, C, 2] column-wise scale codes, **already zero-filled**: the
     backend writes only the slots that a 32-row block maps to.
+    ``transpose_y2`` (keyword, a Python bool, default False; FP8 only): when True, ``y2`` is [B, C, M]
+    contiguous (token-contiguous: element (m, c) of the default layout is at ``y2[b, c, m]``), the same
+    codes; everything else is unchanged. The API passes it only when True, so a kernel without the
+    parameter runs every other call; a backend whose kernel lacks it does not support the option
+    (``resolve_kernel``: a named backend raises ``NotImplementedError``, "auto" takes the reference).
 
-``swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2) -> None``
+``swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False)``
     SwigluMxQuantWithDualAxis (swiglu_mx_quant.md): stage 1 ``act = glu forward(A, B)`` in fp32, rounded
     to x's dtype (not for fp32 x), then both MX axes. ``x`` [B, M, 2N] contiguous (bf16/fp16/fp32),
     B*M >= 1, N >= 1 (any N for FP8; N even for FP4); ``group_ends`` as in ``swiglu_bwd_mx_quant`` (int64
@@ -38,6 +43,7 @@ normalised arguments (the *kernel contract*):
     real columns, a trailing pad slot of zeros = code 0; every slot is written); ``s2`` [B, R, N, 2]
     **already zero-filled**, as above. Elements: the exact product ``v * 2**(127 - E)`` is rounded (under
     ``"floor"`` a negative v gives at least -q even where an fp32 product underflows to -0).
+    ``transpose_y2`` as in ``swiglu_bwd_mx_quant`` (FP8 only; y2 is then [B, N, M]).
 
 ``clipped_swiglu(x, valid_rows, glu, y) -> None``
     ``x`` [R, C] contiguous (bf16/fp16/fp32): the ``[pre, cut]`` view of the input (clipped_swiglu.md
@@ -65,6 +71,7 @@ normalised arguments (the *kernel contract*):
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import numbers
 import warnings
@@ -149,10 +156,21 @@ def _plain_glu(glu: GluParams) -> bool:
     return glu == GluParams(activate_left=glu.activate_left)
 
 
-def supports(impl, op: str, glu: GluParams | None = None) -> bool:
+def _has_parameter(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # not introspectable
+        return False
+
+
+def supports(impl, op: str, glu: GluParams | None = None, *, transpose_y2: bool = False) -> bool:
     """Whether backend module ``impl`` has kernel ``op`` and (if given) runs the GLU variant ``glu`` in it
-    (its ``supports_glu``; without one, only CANN's plain chunked SwiGLU)."""
-    if getattr(impl, op, None) is None:
+    (its ``supports_glu``; without one, only CANN's plain chunked SwiGLU), and, with ``transpose_y2``,
+    whether that kernel takes the ``transpose_y2`` argument (the token-contiguous y2 option)."""
+    kernel = getattr(impl, op, None)
+    if kernel is None:
+        return False
+    if transpose_y2 and not _has_parameter(kernel, "transpose_y2"):
         return False
     if glu is None:
         return True
@@ -160,16 +178,20 @@ def supports(impl, op: str, glu: GluParams | None = None) -> bool:
     return _plain_glu(glu) if check is None else bool(check(op, glu))
 
 
-def resolve_kernel(backend: str, device: torch.device, op: str, glu: GluParams | None = None):
-    """:func:`resolve_backend`, for kernel ``op`` (and GLU variant ``glu``): ``"auto"`` takes the fastest
-    available backend that implements it (the reference implements everything); a named backend that does
-    not is a ``NotImplementedError`` (never a silent fallback)."""
+def resolve_kernel(
+    backend: str, device: torch.device, op: str, glu: GluParams | None = None, *, transpose_y2: bool = False
+):
+    """:func:`resolve_backend`, for kernel ``op`` (and GLU variant ``glu``, and the ``transpose_y2``
+    option): ``"auto"`` takes the fastest available backend that implements it (the reference implements
+    everything); a named backend that does not is a ``NotImplementedError`` (never a silent fallback)."""
     impl = resolve_backend(backend, device)
-    if supports(impl, op, glu):
+    if supports(impl, op, glu, transpose_y2=transpose_y2):
         return impl
     if backend == "auto":
         return resolve_backend("reference", device)
     what = op if glu is None or _plain_glu(glu) else f"{op} for {glu}"
+    if transpose_y2:
+        what += " with transpose_y2=True"
     raise NotImplementedError(f"backend {backend!r} does not implement {what} yet (backend='reference' does)")
 
 
@@ -199,19 +221,79 @@ def _check_out(name: str, t, shape, dtype, device) -> torch.Tensor:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
+    if t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            f"{name} requires grad: functions with out= arguments do not support automatic "
+            "differentiation (torch refuses this too); pass a tensor that does not require grad, or call "
+            "under torch.no_grad()"
+        )
     return t
 
 
-def _check_group_index(group_index) -> None:
-    _check_tensor("group_index", group_index)
+#: The two group conventions (spec README 6.3), named in every message about a group_index.
+COUNTS = "group counts"
+ENDS = "cumulative row ends"
+
+
+class GroupConventionWarning(UserWarning):
+    """A ``group_index`` whose values look like the other group convention (counts vs cumulative ends)."""
+
+
+def _check_group_index(group_index, convention: str) -> None:
+    _check_tensor(f"group_index ({convention})", group_index)
     if group_index.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"group_index must be int64 or int32, got {group_index.dtype}")
+        raise TypeError(f"group_index ({convention}) must be int64 or int32, got {group_index.dtype}")
     if group_index.dim() != 1 or group_index.numel() < 1:
-        raise ValueError(f"group_index must be 1-D and non-empty, got shape {tuple(group_index.shape)}")
+        raise ValueError(
+            f"group_index ({convention}) must be 1-D and non-empty, got shape {tuple(group_index.shape)}"
+        )
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether a tensor's values can be read without a device synchronisation: a real CPU tensor (not a
+    fake or meta tensor, and not while torch.compile traces; the custom op's real kernel reads them)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling() and not is_fake(t)
+
+
+def _warn_if_ends_as_counts(group_index: torch.Tensor, rows: int) -> None:
+    """Counts convention: a non-decreasing sequence (G >= 2) whose sum exceeds the rows while its last value
+    does not is almost surely cumulative row ends (PyTorch's ``offs``): read as counts, the padding rows
+    would silently stop being masked. Checked on CPU tensors only (no device synchronisation)."""
+    if group_index.numel() < 2 or not _readable(group_index):
+        return
+    v = group_index.to(torch.int64)
+    total, last = int(v.sum()), int(v[-1])
+    if total > rows >= last and bool((v[1:] >= v[:-1]).all()):
+        effect = (
+            f"read as counts, rows {last}..{rows - 1} are not masked"
+            if last < rows
+            else "here both readings make every row valid"
+        )
+        warnings.warn(
+            f"group_index holds group counts (valid rows = clamp(sum, 0, rows)), but {v.tolist()} is "
+            f"non-decreasing and sums to {total} > rows = {rows}: it looks like cumulative row ends "
+            f"(PyTorch's offs; {effect}). Convert ends with swiglu_ops.ends_to_counts(offs).",
+            GroupConventionWarning,
+            stacklevel=4,
+        )
 
 
 def _fp32(value: float) -> float:
-    return float(torch.tensor(value, dtype=torch.float32))
+    """``value`` rounded to the nearest fp32 (ties to even; overflow to inf), in plain Python arithmetic so
+    that torch.compile traces it as a constant (``float(torch.tensor(v))`` would graph-break)."""
+    if value != value or value in (math.inf, -math.inf) or value == 0.0:
+        return float(value)
+    mant, exp = math.frexp(value)  # value = mant * 2**exp, 0.5 <= |mant| < 1
+    bits = 24 if exp >= -125 else exp + 149  # fp32 significand bits at this exponent (subnormals: fewer)
+    if bits < 0:
+        return math.copysign(0.0, value)
+    rounded = math.ldexp(float(round(math.ldexp(mant, bits))), exp - bits)  # round(): ties to even
+    if abs(rounded) > _FP32_MAX:
+        return math.copysign(math.inf, value)
+    return rounded if rounded != 0.0 else math.copysign(0.0, value)
+
+
+_FP32_MAX = 3.4028234663852886e38
 
 
 def _real(name: str, value) -> float:
@@ -318,8 +400,10 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
         if y_origin.shape != grad_y.shape:
             raise ValueError(f"y_origin must have shape {tuple(grad_y.shape)}, got {tuple(y_origin.shape)}")
     if group_index is not None:
-        _check_group_index(group_index)
+        _check_group_index(group_index, COUNTS)
     _check_device(grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
+    if group_index is not None:
+        _warn_if_ends_as_counts(group_index, rows)
     return _fp32(clamp_limit)
 
 
@@ -373,24 +457,36 @@ def _check_mx_group_index(x: torch.Tensor, group_index) -> None:
     """The MX operators' group_index: cumulative row ends, 2-D x only; values checked on CPU tensors."""
     if group_index is None:
         return
-    _check_group_index(group_index)
+    _check_group_index(group_index, ENDS)
     if x.dim() != 2:
-        raise ValueError(f"group_index is only supported with 2-D x, got x of rank {x.dim()}")
+        raise ValueError(f"group_index ({ENDS}) is only supported with 2-D x, got x of rank {x.dim()}")
     _check_device(x, group_index=group_index)
-    # Traced or fake tensors (torch.compile, opcheck) carry no values: the real kernel checks them.
-    traced = torch.compiler.is_compiling() or is_fake(group_index)
-    if group_index.device.type == "cpu" and not traced:
-        _check_group_ends(group_index, x.shape[0])
+    check_group_ends(group_index, x.shape[0])
 
 
-def _check_group_ends(group_index: torch.Tensor, m: int) -> None:
+def check_group_ends(group_index: torch.Tensor, m: int) -> None:
+    """Cumulative row ends must be non-decreasing, >= 0 and end at ``m``. Checked wherever the values can be
+    read without a device synchronisation (CPU tensors, also inside torch.compile: the custom op's real
+    kernel checks them); device tensors are clamped by the kernels instead (contract section 2). The
+    message says when the values look like counts."""
+    if not _readable(group_index):
+        return
     ends = group_index.to(torch.int64)
+    values = ends.tolist()
+    hint = (
+        f"; its sum is {sum(values)} = M: these look like group counts (tokens per group), convert them "
+        "with swiglu_ops.counts_to_ends(counts)"
+        if sum(values) == m and len(values) > 1
+        else ""
+    )
     if bool((ends < 0).any()):
-        raise ValueError(f"group_index (cumulative row ends) must be >= 0, got {ends.tolist()}")
+        raise ValueError(f"group_index ({ENDS}) must be >= 0, got {values}{hint}")
     if ends.numel() > 1 and bool((ends[1:] < ends[:-1]).any()):
-        raise ValueError(f"group_index (cumulative row ends) must be non-decreasing, got {ends.tolist()}")
-    if int(ends[-1]) != m:
-        raise ValueError(f"group_index last value must equal the number of rows M = {m}, got {int(ends[-1])}")
+        raise ValueError(f"group_index ({ENDS}) must be non-decreasing, got {values}{hint}")
+    if values[-1] != m:
+        raise ValueError(
+            f"group_index ({ENDS}) last value must equal the number of rows M = {m}, got {values}{hint}"
+        )
 
 
 def bwd_mx_scale_alg(scale_alg):
@@ -450,12 +546,15 @@ def validate_clipped_swiglu(
         interleaved=interleaved, clipped=True, alpha=alpha, limit=limit, bias=bias, clamp_mode=clamp_mode
     )
     if group_index is not None:
-        _check_group_index(group_index)
+        _check_group_index(group_index, COUNTS)
         if group_index.numel() > CLIPPED_MAX_GROUPS:
             raise ValueError(
-                f"group_index must have at most {CLIPPED_MAX_GROUPS} entries, got {group_index.numel()}"
+                f"group_index ({COUNTS}) must have at most {CLIPPED_MAX_GROUPS} entries, "
+                f"got {group_index.numel()}"
             )
     _check_device(x, grad_y=grad_y, group_index=group_index)
+    if group_index is not None:
+        _warn_if_ends_as_counts(group_index, clipped_view(x.shape, d)[0])
     return d, glu
 
 
@@ -478,6 +577,22 @@ def _check_no_overlap(name: str, out: torch.Tensor, **inputs) -> None:
     for arg, t in inputs.items():
         if t is not None and _overlaps(out, t):
             raise ValueError(f"{name} must not overlap {arg} (an input that is read while {name} is written)")
+
+
+def _check_outs_distinct(outs) -> None:
+    """``outs``: ``(name, tensor)`` pairs of one call's out= tensors; no two may share memory (one tensor
+    passed twice would get two results written over each other)."""
+    outs = [(n, t) for n, t in outs if t is not None]
+    for i, (name, t) in enumerate(outs):
+        for other, u in outs[i + 1 :]:
+            if t is u or _overlaps(t, u):
+                raise ValueError(f"{name} and {other} must be distinct tensors that do not overlap")
+
+
+def _detached(t):
+    """Inputs that require grad are accepted: the operators are not differentiable themselves (the autograd
+    functions in :mod:`swiglu_ops.nn` are), so every backend reads plain tensors."""
+    return t.detach() if isinstance(t, torch.Tensor) and t.requires_grad else t
 
 
 # ------------------------------------------------------------------------------------------------- ops
@@ -504,7 +619,20 @@ def swiglu_group_grad(
         It is **not** divided by weight: pass the *unweighted* forward output as ``y_origin`` to get the
         true dL/dweight (``swiglu_ops.ClampedSwiGLU`` does this).
     """
+    if torch.compiler.is_compiling():  # one opaque node (torch_ops), whose real kernel is this function
+        grad_x, grad_weight = torch.ops.swiglu_ops.swiglu_group_grad(
+            *map(_detached, (grad_y, x, weight, y_origin, group_index)), clamp_limit, backend=backend
+        )
+        grad_weight = None if weight is None else grad_weight
+        if out is None:
+            return grad_x, grad_weight
+        grad_x_out, grad_weight_out = _group_grad_outs(out, x, weight, grad_y.dtype)
+        grad_x_out.copy_(grad_x)
+        if grad_weight is not None:
+            grad_weight_out.copy_(grad_weight)
+        return grad_x_out, grad_weight_out
     clamp = validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit)
+    grad_y, x, weight, y_origin, group_index = map(_detached, (grad_y, x, weight, y_origin, group_index))
     impl = resolve_backend(backend, x.device)
     hidden = grad_y.shape[-1]
     rows = math.prod(grad_y.shape[:-1])
@@ -512,15 +640,12 @@ def swiglu_group_grad(
         grad_x = _empty(impl, x.shape, grad_y.dtype, x.device)
         grad_weight = None if weight is None else _empty(impl, weight.shape, torch.float32, x.device)
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError("out must be a (grad_x, grad_weight) tuple")
-        grad_x = _check_out("out[0] (grad_x)", out[0], x.shape, grad_y.dtype, x.device)
-        if weight is None:
-            if out[1] is not None:
-                raise ValueError("out[1] (grad_weight) must be None when weight is None")
-            grad_weight = None
-        else:
-            grad_weight = _check_out("out[1] (grad_weight)", out[1], weight.shape, torch.float32, x.device)
+        grad_x, grad_weight = _group_grad_outs(out, x, weight, grad_y.dtype)
+        _check_outs_distinct([("out[0] (grad_x)", grad_x), ("out[1] (grad_weight)", grad_weight)])
+        inputs = dict(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
+        _check_no_overlap("out[0] (grad_x)", grad_x, **inputs)
+        if grad_weight is not None:
+            _check_no_overlap("out[1] (grad_weight)", grad_weight, **inputs)
     if rows == 0:
         return grad_x, grad_weight
     impl.swiglu_group_grad(
@@ -536,6 +661,17 @@ def swiglu_group_grad(
     return grad_x, grad_weight
 
 
+def _group_grad_outs(out, x, weight, dtype):
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError("out must be a (grad_x, grad_weight) tuple")
+    grad_x = _check_out("out[0] (grad_x)", out[0], x.shape, dtype, x.device)
+    if weight is None:
+        if out[1] is not None:
+            raise ValueError("out[1] (grad_weight) must be None when weight is None")
+        return grad_x, None
+    return grad_x, _check_out("out[1] (grad_weight)", out[1], weight.shape, torch.float32, x.device)
+
+
 def _empty(impl, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An output tensor: from the backend's own allocator when it has one (the cpu backend reuses freed
     outputs, see ``swiglu_ops.cpu.OutputCache``), else ``torch.empty``."""
@@ -543,11 +679,13 @@ def _empty(impl, shape, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.empty(shape, dtype=dtype, device=device) if alloc is None else alloc(tuple(shape), dtype)
 
 
-def mx_output_specs(x, group_index, dst_dtype):
-    """(shape, dtype) of y1, mxscale1, y2, mxscale2 for ``x`` (spec 1.2); the fake kernel uses it too."""
+def mx_output_specs(x, group_index, dst_dtype, transpose_y2=False):
+    """(shape, dtype) of y1, mxscale1, y2, mxscale2 for ``x`` (spec 1.2); the fake kernel uses it too.
+    With ``transpose_y2`` y2 is ``[..., C, M]`` (token-contiguous)."""
     *lead, m, c = x.shape
     r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
-    shapes = (tuple(x.shape), mx.mxscale1_shape(x.shape), tuple(x.shape), (*lead, r, c, 2))
+    y2 = (*lead, c, m) if transpose_y2 else tuple(x.shape)
+    shapes = (tuple(x.shape), mx.mxscale1_shape(x.shape), y2, (*lead, r, c, 2))
     dtypes = (dst_dtype, torch.float8_e8m0fnu, dst_dtype, torch.float8_e8m0fnu)
     return list(zip(shapes, dtypes, strict=True))
 
@@ -566,6 +704,7 @@ def swiglu_backward_mx_quant_dual_axis(
     alpha=None,
     bias=None,
     interleaved=False,
+    transpose_y2=False,
     backend="auto",
     out=None,
 ):
@@ -584,34 +723,47 @@ def swiglu_backward_mx_quant_dual_axis(
             closed masks), rounded to x's dtype, then quantised as before.
         interleaved: A/B are the even/odd columns (GPT-OSS's layout) instead of the two halves
             (``activate_left=False`` swaps them); the gradient columns always follow x's columns.
+        transpose_y2: write y2 token-contiguous, ``[..., 2N, M]`` (the K-major operand of a wgrad GEMM,
+            ``y2[:, group]``), instead of CANN's ``[..., M, 2N]``; mxscale2 is unchanged. FP8 only.
         backend: "auto", "reference", "cpu" or "triton".
-        out: optional preallocated ``(y1, mxscale1, y2, mxscale2)``.
+        out: optional preallocated ``(y1, mxscale1, y2, mxscale2)`` (exact shapes/dtypes, contiguous, on x's
+            device, not overlapping an input or each other), written completely and returned. Eager only:
+            inside torch.compile it is a ValueError (Inductor has no float8_e8m0fnu copy kernels).
 
     Returns:
-        ``(y1, mxscale1, y2, mxscale2)``: y1/y2 like x in dst_dtype; mxscale1 ``[..., M, 2N/64, 2]`` and
-        mxscale2 ``[..., R, 2N, 2]`` (``R = M//64 + G`` with groups, else ``ceil(M/64)``) as
-        ``torch.float8_e8m0fnu`` (``.view(torch.uint8)`` gives the raw E8M0 codes).
+        ``(y1, mxscale1, y2, mxscale2)``: y1/y2 like x in dst_dtype (y2 ``[..., 2N, M]`` with
+        ``transpose_y2``); mxscale1 ``[..., M, 2N/64, 2]`` and mxscale2 ``[..., R, 2N, 2]``
+        (``R = M//64 + G`` with groups, else ``ceil(M/64)``) as ``torch.float8_e8m0fnu``
+        (``.view(torch.uint8)`` gives the raw E8M0 codes). Inputs may require grad; the results do not
+        (the operator is not differentiable itself; :func:`swiglu_ops.swiglu_mx_backward` is).
     """
+    if torch.compiler.is_compiling():  # one opaque node (torch_ops), whose real kernel is this function
+        _refuse_mx_out_while_compiling(out)
+        return torch.ops.swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+            _detached(x), _detached(y_grad), group_index, activate_left=activate_left, round_mode=round_mode,
+            scale_alg=scale_alg, dst_dtype=dst_dtype, max_dtype_value=max_dtype_value, limit=limit,
+            alpha=alpha, bias=bias, interleaved=interleaved, transpose_y2=transpose_y2, backend=backend,
+        )  # fmt: skip
     scale_alg = bwd_mx_scale_alg(scale_alg)
     fmt = validate_mx_quant(
         x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
     )
+    check_transpose_y2(transpose_y2, fmt)
+    x, y_grad = _detached(x), _detached(y_grad)
     glu = mx_glu_params(activate_left, interleaved, limit, alpha, bias)
-    impl = resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu)
-    specs = mx_output_specs(x, group_index, dst_dtype)
-    names = ("out[0] (y1)", "out[1] (mxscale1)", "out[2] (y2)", "out[3] (mxscale2)")
+    impl = resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu, transpose_y2=transpose_y2)
+    specs = mx_output_specs(x, group_index, dst_dtype, transpose_y2)
     if out is None:
         outs = [_empty(impl, s, d, x.device) for s, d in specs]
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 4:
-            raise TypeError("out must be a (y1, mxscale1, y2, mxscale2) tuple")
-        outs = [_check_out(n, t, s, d, x.device) for n, t, (s, d) in zip(names, out, specs, strict=True)]
+        outs = _check_mx_outs(out, specs, x.device, x=x, y_grad=y_grad, group_index=group_index)
     y1, s1, y2, s2 = outs
     s2.view(torch.uint8).zero_()  # unused mxscale2 rows are zero-filled (contract section 2)
     *lead, m, c = x.shape
     batch = math.prod(lead)
     if batch * m == 0:
         return y1, s1, y2, s2
+    extra = {"transpose_y2": True} if transpose_y2 else {}  # kernels without the option still run the rest
     impl.swiglu_bwd_mx_quant(
         x.reshape(batch, m, c).contiguous(),
         y_grad.reshape(batch, m, c // 2).contiguous(),
@@ -621,10 +773,30 @@ def swiglu_backward_mx_quant_dual_axis(
         fmt,
         y1.view(torch.uint8).view(batch, m, c),
         s1.view(torch.uint8).view(batch, m, c // 32),
-        y2.view(torch.uint8).view(batch, m, c),
+        y2.view(torch.uint8).view((batch, c, m) if transpose_y2 else (batch, m, c)),
         s2.view(torch.uint8).view(batch, s2.shape[-3], c, 2),
+        **extra,
     )
     return y1, s1, y2, s2
+
+
+def check_transpose_y2(transpose_y2, fmt: mx.ElementFormat) -> None:
+    if not isinstance(transpose_y2, bool):
+        raise TypeError(f"transpose_y2 must be a bool, got {type(transpose_y2).__name__}")
+    if transpose_y2 and fmt.packed:
+        raise ValueError(
+            f"transpose_y2=True is FP8 only, got dst_dtype {fmt.name}: FP4 packs two elements per byte along "
+            "y2's last axis, and token-contiguous FP4 would pack two tokens into one byte, across the group "
+            "boundaries where token blocks restart (groups may have odd sizes)"
+        )
+
+
+def _refuse_mx_out_while_compiling(out) -> None:
+    if out is not None:
+        raise ValueError(
+            "out= is not supported inside torch.compile for the MX operators: Inductor cannot copy into "
+            "float8_e8m0fnu / float4_e2m1fn_x2 tensors; use the returned tensors"
+        )
 
 
 # ------------------------------------------------------------------------------ clipped SwiGLU (GPT-OSS)
@@ -693,9 +865,10 @@ def clipped_swiglu(
             x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode, backend
         )
     if torch.compiler.is_compiling():  # one opaque node (torch_ops), whose real kernel is this function
-        y = torch.ops.swiglu_ops.clipped_swiglu(x, group_index, **attrs, backend=backend)
+        y = torch.ops.swiglu_ops.clipped_swiglu(_detached(x), group_index, **attrs, backend=backend)
         return _copy_into_out(y, out)
     d, glu = validate_clipped_swiglu(x, group_index, **attrs)
+    x = _detached(x)  # x requires grad only under no_grad here
     impl = resolve_kernel(backend, x.device, "clipped_swiglu")
     shape = clipped_half_shape(x.shape, d)
     if out is None:
@@ -770,6 +943,7 @@ def _clipped_swiglu_grad(
 ):
     if torch.compiler.is_compiling():  # one opaque node (torch_ops), whose real kernel is this function
         ops = torch.ops.swiglu_ops
+        grad_y, x = _detached(grad_y), _detached(x)
         if clamp_mode == 0:
             result = ops.clipped_swiglu_grad(
                 grad_y, x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias,
@@ -784,6 +958,7 @@ def _clipped_swiglu_grad(
         x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
         clamp_mode=clamp_mode, grad_y=grad_y, backward=True,
     )  # fmt: skip
+    grad_y, x = _detached(grad_y), _detached(x)
     impl = resolve_kernel(backend, x.device, "clipped_swiglu_grad")
     if out is None:
         grad_x = _empty(impl, x.shape, x.dtype, x.device)
@@ -854,24 +1029,31 @@ def validate_mx_forward(
     return fmt, int(scale_alg), mode, glu
 
 
-def mx_forward_output_specs(x, group_index, fmt):
+def mx_forward_output_specs(x, group_index, fmt, transpose_y2=False):
     """(shape, dtype) of y1, mxscale1, y2, mxscale2 of the forward operator (swiglu_mx_quant.md 0 / 1.2);
-    the fake kernel uses it too. FP4 y1/y2 count bytes: ``[..., M, N/2]``."""
+    the fake kernel uses it too. FP4 y1/y2 count bytes: ``[..., M, N/2]``. With ``transpose_y2`` (FP8)
+    y2 is ``[..., N, M]``."""
     *lead, m, c = x.shape
     n = c // 2
     y = ((*lead, m, n // 2 if fmt.packed else n), fmt.torch_dtype)
+    y2 = ((*lead, n, m), fmt.torch_dtype) if transpose_y2 else y
     r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
     e8m0 = torch.float8_e8m0fnu
-    return [y, (mx.mxscale1_shape((*lead, m, n)), e8m0), y, ((*lead, r, n, 2), e8m0)]
+    return [y, (mx.mxscale1_shape((*lead, m, n)), e8m0), y2, ((*lead, r, n, 2), e8m0)]
 
 
 _MX_OUT_NAMES = ("out[0] (y1)", "out[1] (mxscale1)", "out[2] (y2)", "out[3] (mxscale2)")
 
 
-def _check_mx_outs(out, specs, device) -> list[torch.Tensor]:
+def _check_mx_outs(out, specs, device, **inputs) -> list[torch.Tensor]:
+    """The MX operators' out= tuple: shape/dtype/device, no two sharing memory, none overlapping an input."""
     if not isinstance(out, (tuple, list)) or len(out) != 4:
         raise TypeError("out must be a (y1, mxscale1, y2, mxscale2) tuple")
-    return [_check_out(n, t, s, d, device) for n, t, (s, d) in zip(_MX_OUT_NAMES, out, specs, strict=True)]
+    outs = [_check_out(n, t, s, d, device) for n, t, (s, d) in zip(_MX_OUT_NAMES, out, specs, strict=True)]
+    _check_outs_distinct(zip(_MX_OUT_NAMES, outs, strict=True))
+    for name, t in zip(_MX_OUT_NAMES, outs, strict=True):
+        _check_no_overlap(name, t, **inputs)
+    return outs
 
 
 def swiglu_mx_quant_dual_axis(
@@ -887,11 +1069,12 @@ def swiglu_mx_quant_dual_axis(
     alpha=None,
     bias=None,
     interleaved=False,
+    transpose_y2=False,
     backend="auto",
     out=None,
 ):
     """SwiGLU forward, rounded to x's dtype, then MX-quantised along both axes in one pass (CANN
-    ``SwigluMxQuantWithDualAxis``, ``shared/spec/swiglu_mx_quant.md``).
+    ``SwigluMxQuantWithDualAxis``, ``docs/operators.md`` section 4).
 
     Args:
         x: ``[..., M, 2N]`` bf16/fp16/fp32, rank >= 2 (leading dims: independent slices, no groups then),
@@ -909,10 +1092,13 @@ def swiglu_mx_quant_dual_axis(
             CANN's plain SwiGLU). With them stage 1 is exactly :func:`clipped_swiglu` (clamp_mode 0).
         interleaved: A/B are the even/odd elements of each row (GPT-OSS's layout) instead of its two halves
             (``activate_left=False`` swaps them).
+        transpose_y2: write y2 token-contiguous, ``[..., N, M]`` (the K-major operand of a wgrad GEMM),
+            instead of CANN's ``[..., M, N]``; mxscale2 is unchanged. FP8 only (a ValueError for FP4).
         backend: "auto", "reference", "cpu" or "triton".
         out: optional preallocated ``(y1, mxscale1, y2, mxscale2)`` (exact shapes/dtypes, contiguous, on x's
-            device), written completely (pad slots and unused mxscale2 rows as 0) and returned. Eager only:
-            inside torch.compile it is a ValueError (Inductor has no float8_e8m0fnu / float4 copy kernels).
+            device, not overlapping x or each other), written completely (pad slots and unused mxscale2 rows
+            as 0) and returned. Eager only: inside torch.compile it is a ValueError (Inductor has no
+            float8_e8m0fnu / float4 copy kernels).
 
     Returns:
         ``(y1, mxscale1, y2, mxscale2)``: y1/y2 ``[..., M, N]`` in dst_dtype (FP8) or ``[..., M, N/2]`` packed
@@ -921,26 +1107,25 @@ def swiglu_mx_quant_dual_axis(
         ``ceil(M/64)``) as ``torch.float8_e8m0fnu``. :func:`swiglu_ops.mx_dequantize` inverts them.
     """
     if torch.compiler.is_compiling():  # one opaque node (torch_ops), whose real kernel is this function
-        if out is not None:
-            raise ValueError(
-                "out= is not supported inside torch.compile: Inductor cannot copy into float8_e8m0fnu / "
-                "float4_e2m1fn_x2 tensors; use the returned tensors"
-            )
+        _refuse_mx_out_while_compiling(out)
         return torch.ops.swiglu_ops.swiglu_mx_quant_dual_axis(
-            x, group_index, activate_left=activate_left, round_mode=round_mode, scale_alg=scale_alg,
-            dst_dtype=mx.dst_name(dst_dtype), max_dtype_value=max_dtype_value, limit=limit, alpha=alpha,
-            bias=bias, interleaved=interleaved, backend=backend,
+            _detached(x), group_index, activate_left=activate_left, round_mode=round_mode,
+            scale_alg=scale_alg, dst_dtype=mx.dst_name(dst_dtype), max_dtype_value=max_dtype_value,
+            limit=limit, alpha=alpha, bias=bias, interleaved=interleaved, transpose_y2=transpose_y2,
+            backend=backend,
         )  # fmt: skip
     fmt, scale_alg, mode, glu = validate_mx_forward(
         x, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha, bias,
         interleaved,
     )  # fmt: skip
-    impl = resolve_kernel(backend, x.device, "swiglu_mx_quant", glu)
-    specs = mx_forward_output_specs(x, group_index, fmt)
+    check_transpose_y2(transpose_y2, fmt)
+    x = _detached(x)
+    impl = resolve_kernel(backend, x.device, "swiglu_mx_quant", glu, transpose_y2=transpose_y2)
+    specs = mx_forward_output_specs(x, group_index, fmt, transpose_y2)
     if out is None:
         outs = [_empty(impl, s, d, x.device) for s, d in specs]
     else:
-        outs = _check_mx_outs(out, specs, x.device)
+        outs = _check_mx_outs(out, specs, x.device, x=x, group_index=group_index)
     y1, s1, y2, s2 = outs
     s2.view(torch.uint8).zero_()  # unused mxscale2 rows are zero-filled (spec 4.3 decision)
     *lead, m, c = x.shape
@@ -948,6 +1133,7 @@ def swiglu_mx_quant_dual_axis(
     if batch * m == 0:
         return y1, s1, y2, s2
     width = y1.shape[-1]
+    extra = {"transpose_y2": True} if transpose_y2 else {}  # kernels without the option still run the rest
     impl.swiglu_mx_quant(
         x.reshape(batch, m, c).contiguous(),
         None if group_index is None else group_index.to(torch.int64).contiguous(),
@@ -957,7 +1143,8 @@ def swiglu_mx_quant_dual_axis(
         mode,
         y1.view(torch.uint8).view(batch, m, width),
         s1.view(torch.uint8).view(batch, m, mx.mxscale1_slots(n)),
-        y2.view(torch.uint8).view(batch, m, width),
+        y2.view(torch.uint8).view((batch, n, m) if transpose_y2 else (batch, m, width)),
         s2.view(torch.uint8).view(batch, s2.shape[-3], n, 2),
+        **extra,
     )
     return y1, s1, y2, s2

@@ -1,7 +1,8 @@
 """MX (OCP microscaling) numerics, written once.
 
-Everything here follows ``shared/spec/swiglu_backward_mx_quant.md`` section 3 and ``swiglu_mx_quant.md``
-section 3 (element formats, E8M0 scale rules, element encoding with its round modes) and section 4 of both
+Everything here follows ``docs/operators.md`` sections 2 and 4 (cited below by the section numbers of the
+operator studies, ``swiglu_backward_mx_quant.md`` and ``swiglu_mx_quant.md``, mapped there): section 3 of
+both (element formats, E8M0 scale rules, element encoding with its round modes) and section 4 of both
 (Ascend's paired block layouts, FP4 nibble packing). The functions operate on whole tensors with integer
 arithmetic on the IEEE bit patterns, so they are bit-exact by construction and never depend on PyTorch's
 float->fp8 casts (whose NaN/saturation behaviour differs between versions and formats; PyTorch has no
@@ -473,6 +474,41 @@ def mx_dequantize(
     ``[*batch, M, N]`` (FP4 unpacked) in ``dtype``. Scale code 0xFF (NaN block) dequantises to NaN; ``scale``
     is ``float8_e8m0fnu`` or uint8 raw codes.
     """
+    if torch.compiler.is_compiling():  # one opaque node (Inductor has no float8_e8m0fnu kernels)
+        return torch.ops.swiglu_ops.mx_dequantize(
+            data, scale, axis=axis, group_index=group_index, dtype=dtype,
+            dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),
+        )  # fmt: skip
+    fmt, _ = dequantize_spec(data, scale, axis, group_index, dst_dtype)
+    codes = unpack_fp4(data) if fmt.packed else data
+    *lead, m, n = codes.shape
+    # fp32 is exact here (elements have <= 4 significant bits, scales are powers of two >= 2**-127), so
+    # only a float64 request needs float64; the per-element work is two table lookups and one multiply.
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    vals = _lookup(_element_table(fmt, work, data.device), codes)
+    if axis == -1:
+        factor = _lookup(_e8m0_table(work, data.device), scale).view(*lead, m, mxscale1_slots(n))
+        if n % BLOCK == 0:
+            factor = factor[..., : n // BLOCK].unsqueeze(-1)
+            return (vals.view(*lead, m, n // BLOCK, BLOCK) * factor).view(codes.shape).to(dtype)
+        block = torch.arange(n, device=data.device) // BLOCK  # partial last block
+        return (vals * factor.index_select(-1, block)).to(dtype)
+    rows = scale.shape[-3]
+    table = _e8m0_table(work, data.device)
+    slots = _lookup(table, scale).movedim(-1, -2).reshape(*lead, rows * 2, n)  # 32-row block slots
+    ranges, bases = column_block_groups(group_index, m)
+    out = torch.empty_like(vals)
+    covered = ranges[-1][1]  # rows of no group (past the last end) read as code 0, like an unused slot
+    out[..., covered:, :] = vals[..., covered:, :] * table[0]
+    for (s, e), base in zip(ranges, bases, strict=True):
+        if e > s:
+            slot = 2 * base + torch.arange(e - s, device=data.device) // BLOCK
+            out[..., s:e, :] = vals[..., s:e, :] * slots[..., slot, :]
+    return out.to(dtype)
+
+
+def dequantize_spec(data, scale, axis, group_index, dst_dtype):
+    """Validation of :func:`mx_dequantize` (also its fake kernel's): ``(format, result shape)``."""
     if not isinstance(data, torch.Tensor) or not isinstance(scale, torch.Tensor):
         raise TypeError("mx_dequantize: data and scale must be tensors")
     typed = {fmt.torch_dtype for fmt in _DESTINATIONS.values()} - {torch.uint8}
@@ -495,38 +531,29 @@ def mx_dequantize(
         raise ValueError(f"axis must be -1 (mxscale1) or -2 (mxscale2), got {axis}")
     if data.dim() < 2:
         raise ValueError(f"data must have rank >= 2, got shape {tuple(data.shape)}")
-    codes = unpack_fp4(data) if fmt.packed else data
-    *lead, m, n = codes.shape
-    # fp32 is exact here (elements have <= 4 significant bits, scales are powers of two >= 2**-127), so
-    # only a float64 request needs float64; the per-element work is two table lookups and one multiply.
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    vals = _lookup(_element_table(fmt, work, data.device), codes)
+    *lead, m, w = data.shape
+    shape = (*lead, m, 2 * w if fmt.packed else w)
     if axis == -1:
-        if tuple(scale.shape) != mxscale1_shape(codes.shape):
-            raise ValueError(f"scale must have shape {mxscale1_shape(codes.shape)}, got {tuple(scale.shape)}")
-        factor = _lookup(_e8m0_table(work, data.device), scale).view(*lead, m, mxscale1_slots(n))
-        if n % BLOCK == 0:
-            factor = factor[..., : n // BLOCK].unsqueeze(-1)
-            return (vals.view(*lead, m, n // BLOCK, BLOCK) * factor).view(codes.shape).to(dtype)
-        block = torch.arange(n, device=data.device) // BLOCK  # partial last block
-        return (vals * factor.index_select(-1, block)).to(dtype)
-    g = None if group_index is None else int(group_index.numel())
+        if tuple(scale.shape) != mxscale1_shape(shape):
+            raise ValueError(f"scale must have shape {mxscale1_shape(shape)}, got {tuple(scale.shape)}")
+        return fmt, shape
+    n = shape[-1]
+    if group_index is not None:
+        if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.numel() < 1:
+            raise ValueError("group_index (cumulative row ends) must be a non-empty 1-D tensor")
+        if data.dim() != 2:
+            raise ValueError("group_index (cumulative row ends) is only supported with 2-D data")
+    g = None if group_index is None else group_index.numel()
     rows = mxscale2_rows(m, g)
     if tuple(scale.shape) != (*lead, rows, n, 2):
-        raise ValueError(f"scale must have shape {(*lead, rows, n, 2)}, got {tuple(scale.shape)}")
-    if group_index is not None and data.dim() != 2:
-        raise ValueError("group_index is only supported with 2-D data")
-    table = _e8m0_table(work, data.device)
-    slots = _lookup(table, scale).movedim(-1, -2).reshape(*lead, rows * 2, n)  # 32-row block slots
-    ranges, bases = column_block_groups(group_index, m)
-    out = torch.empty_like(vals)
-    covered = ranges[-1][1]  # rows of no group (past the last end) read as code 0, like an unused slot
-    out[..., covered:, :] = vals[..., covered:, :] * table[0]
-    for (s, e), base in zip(ranges, bases, strict=True):
-        if e > s:
-            slot = 2 * base + torch.arange(e - s, device=data.device) // BLOCK
-            out[..., s:e, :] = vals[..., s:e, :] * slots[..., slot, :]
-    return out.to(dtype)
+        hint = ""
+        if g is None and data.dim() == 2 and scale.dim() == 3 and scale.shape[-2:] == (n, 2):
+            hint = (
+                f": group_index is missing (scales of grouped outputs have M//64 + G = {m // 64} + G rows, "
+                "pass the cumulative row ends that produced them)"
+            )
+        raise ValueError(f"scale must have shape {(*lead, rows, n, 2)}, got {tuple(scale.shape)}{hint}")
+    return fmt, shape
 
 
 @functools.cache

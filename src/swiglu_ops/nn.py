@@ -9,6 +9,8 @@
 - :func:`swiglu_mx_backward`: SwiGLU ``y = silu(A) * B`` (or the GPT-OSS clipped SwiGLU) whose backward is
   the fused SwiGLU backward + dual-axis MXFP8 quantisation (``swiglu_backward_mx_quant_dual_axis``); autograd
   receives the dequantised gradient and :class:`MXGradient` keeps the quantised tensors for FP8 GEMMs.
+- :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp` (defined in :mod:`swiglu_ops.expert_mlp`): an MoE expert
+  MLP whose SwiGLU runs on both dual-axis MX operators (forward and backward) and whose GEMMs read MXFP8.
 
 The backwards (and the clipped forward) call the registered custom ops (``torch.ops.swiglu_ops.*``), so they
 trace under ``torch.compile``.
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from . import _api, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
+from .expert_mlp import MXFP8ExpertMLP, mxfp8_expert_mlp
 from .glu import split_columns
 from .mx import mx_dequantize
 from .reference import glu as glu_math
@@ -35,6 +38,8 @@ __all__ = [
     "ClippedSwiGLU",
     "MXGradient",
     "swiglu_mx_backward",
+    "MXFP8ExpertMLP",
+    "mxfp8_expert_mlp",
 ]
 
 _ops = torch.ops.swiglu_ops
@@ -123,7 +128,32 @@ def clamped_swiglu(x, weight=None, group_index=None, clamp_limit=0.0, *, backend
 
 
 class ClampedSwiGLU(torch.nn.Module):
-    """Module form of :func:`clamped_swiglu`: ``ClampedSwiGLU(clamp_limit)(x, weight, group_index)``."""
+    """The MoE expert activation with a clamp, a per-token routing weight and a group row mask, whose
+    backward is the fused CANN ``SwigluGroupGrad`` operator (:func:`swiglu_ops.swiglu_group_grad`).
+
+    ``ClampedSwiGLU(clamp_limit)(x, weight=None, group_index=None)`` computes, for ``x = [g | u]``
+    (``[..., 2H]``, bf16/fp16/fp32)::
+
+        y = silu(min(g, c)) * clip(u, -c, c) * weight        (c = clamp_limit; 0 disables the clamp)
+
+    in fp32, rounded once to x's dtype (:func:`clamped_swiglu`).
+
+    Args:
+        clamp_limit: ``c >= 0`` (``inf`` accepted); the backward's clamp masks are open intervals (at
+            ``g == c`` the gate gradient is 0), as in the operator.
+        backend: backend of the backward operator ("auto", "reference", "cpu", "triton").
+
+    ``forward(x, weight=None, group_index=None)``:
+
+    - ``weight``: fp32 routing weight, one per row (``numel == rows``, any shape), or None. Its gradient is
+      the true ``dL/dweight`` (the backward passes the unweighted output as the operator's ``y_origin``).
+    - ``group_index``: 1-D int64/int32 group **counts** (CANN's convention for this operator, not PyTorch's
+      cumulative ``offs``: convert those with :func:`swiglu_ops.ends_to_counts`). Rows
+      ``>= clamp(sum, 0, rows)`` of the flattened leading dims output 0 and get zero gradient.
+
+    Returns ``[..., H]`` in x's dtype. Works under ``torch.compile`` (also ``fullgraph=True`` and
+    ``dynamic=True``; the backward is one opaque custom op).
+    """
 
     def __init__(self, clamp_limit: float = 0.0, *, backend: str = "auto"):
         super().__init__()
@@ -335,6 +365,13 @@ def swiglu_mx_backward(
         limit, alpha, bias: the GPT-OSS clipped SwiGLU (e.g. 7.0, 1.702, 1.0), all three or none.
         interleaved: A/B are the even/odd columns of x (GPT-OSS's layout) instead of its halves.
     """
+    if capture is not None and torch.compiler.is_compiling():
+        torch._dynamo.graph_break(
+            msg="swiglu_mx_backward(capture=...) writes the quantised gradient to a Python object in the "
+            "backward, which torch.compile cannot trace: the call runs eagerly (with fullgraph=True it is an "
+            "error). Compile without capture, or keep the FP8 operands in the graph with "
+            "swiglu_ops.MXFP8ExpertMLP"
+        )
     gpt_oss = (limit, alpha, bias, interleaved)
     return _SwiGLUMXFunction.apply(
         x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _api, mx
+from . import _api, layouts, mx
 
 _LIB = "swiglu_ops"
 _DEVICES = ("cpu", "cuda")
@@ -46,8 +46,8 @@ _GROUP_GRAD_SCHEMA = (
 _MX_QUANT_SCHEMA = (
     "(Tensor x, Tensor y_grad, Tensor? group_index=None, *, bool activate_left=True, str round_mode='rint', "
     "int? scale_alg=1, ScalarType dst_dtype=float8_e4m3fn, float max_dtype_value=0.0, float? limit=None, "
-    "float? alpha=None, float? bias=None, bool interleaved=False, str backend='auto') "
-    "-> (Tensor, Tensor, Tensor, Tensor)"
+    "float? alpha=None, float? bias=None, bool interleaved=False, bool transpose_y2=False, "
+    "str backend='auto') -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -103,6 +103,7 @@ def swiglu_backward_mx_quant_dual_axis(
     alpha: float | None = None,
     bias: float | None = None,
     interleaved: bool = False,
+    transpose_y2: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """See :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis`."""
@@ -119,6 +120,7 @@ def swiglu_backward_mx_quant_dual_axis(
         alpha=alpha,
         bias=bias,
         interleaved=interleaved,
+        transpose_y2=transpose_y2,
         backend=backend,
     )
 
@@ -138,15 +140,18 @@ def _swiglu_backward_mx_quant_dual_axis_fake(
     alpha=None,
     bias=None,
     interleaved=False,
+    transpose_y2=False,
     backend="auto",
 ):
     scale_alg = _api.bwd_mx_scale_alg(scale_alg)
-    _api.validate_mx_quant(
+    fmt = _api.validate_mx_quant(
         x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
     )
+    _api.check_transpose_y2(transpose_y2, fmt)
     glu = _api.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
-    _api.resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu)
-    return tuple(x.new_empty(s, dtype=d) for s, d in _api.mx_output_specs(x, group_index, dst_dtype))
+    _api.resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu, transpose_y2=transpose_y2)
+    specs = _api.mx_output_specs(x, group_index, dst_dtype, transpose_y2)
+    return tuple(x.new_empty(s, dtype=d) for s, d in specs)
 
 
 # ------------------------------------------------------------------------------ clipped SwiGLU (GPT-OSS)
@@ -290,8 +295,8 @@ def _clipped_swiglu_grad_mode1_fake(
 _MX_FORWARD_SCHEMA = (
     "(Tensor x, Tensor? group_index=None, *, bool activate_left=True, str round_mode='rint', "
     "int? scale_alg=None, str dst_dtype='float8_e4m3fn', float max_dtype_value=0.0, float? limit=None, "
-    "float? alpha=None, float? bias=None, bool interleaved=False, str backend='auto') "
-    "-> (Tensor, Tensor, Tensor, Tensor)"
+    "float? alpha=None, float? bias=None, bool interleaved=False, bool transpose_y2=False, "
+    "str backend='auto') -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -311,13 +316,14 @@ def swiglu_mx_quant_dual_axis(
     alpha: float | None = None,
     bias: float | None = None,
     interleaved: bool = False,
+    transpose_y2: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """See :func:`swiglu_ops.swiglu_mx_quant_dual_axis`; ``dst_dtype`` is the format's name (a string)."""
     return _api.swiglu_mx_quant_dual_axis(
         x, group_index, activate_left=activate_left, round_mode=round_mode, scale_alg=scale_alg,
         dst_dtype=mx.dst_from_name(dst_dtype), max_dtype_value=max_dtype_value, limit=limit, alpha=alpha,
-        bias=bias, interleaved=interleaved, backend=backend,
+        bias=bias, interleaved=interleaved, transpose_y2=transpose_y2, backend=backend,
     )  # fmt: skip
 
 
@@ -335,11 +341,115 @@ def _swiglu_mx_quant_dual_axis_fake(
     alpha=None,
     bias=None,
     interleaved=False,
+    transpose_y2=False,
     backend="auto",
 ):
     fmt, _, _, glu = _api.validate_mx_forward(
         x, group_index, activate_left, round_mode, scale_alg, mx.dst_from_name(dst_dtype), max_dtype_value,
         limit, alpha, bias, interleaved,
     )  # fmt: skip
-    _api.resolve_kernel(backend, x.device, "swiglu_mx_quant", glu)
-    return tuple(x.new_empty(s, dtype=d) for s, d in _api.mx_forward_output_specs(x, group_index, fmt))
+    _api.check_transpose_y2(transpose_y2, fmt)
+    _api.resolve_kernel(backend, x.device, "swiglu_mx_quant", glu, transpose_y2=transpose_y2)
+    specs = _api.mx_forward_output_specs(x, group_index, fmt, transpose_y2)
+    return tuple(x.new_empty(s, dtype=d) for s, d in specs)
+
+
+# ---------------------------------------------------------------- dequantisation and scale layouts (opaque)
+#
+# Inside torch.compile the public functions swiglu_ops.mx_dequantize and swiglu_ops.layouts.* become these
+# ops: one opaque node each, whose real kernel is the eager function. Inductor cannot generate code that
+# reads or writes float8_e8m0fnu tensors (its C++ and Triton code generators have no such type), and every
+# output shape here is a function of input shapes (and the number of groups) only, so a fake kernel exists.
+
+_MX_DEQUANTIZE_SCHEMA = (
+    "(Tensor data, Tensor scale, int axis=-1, Tensor? group_index=None, *, ScalarType dtype=float32, "
+    "str? dst_dtype=None) -> Tensor"
+)
+
+
+@torch.library.custom_op(
+    f"{_LIB}::mx_dequantize", mutates_args=(), device_types=_DEVICES, schema=_MX_DEQUANTIZE_SCHEMA
+)
+def mx_dequantize(data, scale, axis=-1, group_index=None, *, dtype=torch.float32, dst_dtype=None):
+    """See :func:`swiglu_ops.mx_dequantize`; ``dst_dtype`` is the format's name (a string) or None."""
+    dst = None if dst_dtype is None else mx.dst_from_name(dst_dtype)
+    return mx.mx_dequantize(data, scale, axis=axis, group_index=group_index, dtype=dtype, dst_dtype=dst)
+
+
+@mx_dequantize.register_fake
+def _mx_dequantize_fake(data, scale, axis=-1, group_index=None, *, dtype=torch.float32, dst_dtype=None):
+    dst = None if dst_dtype is None else mx.dst_from_name(dst_dtype)
+    _, shape = mx.dequantize_spec(data, scale, axis, group_index, dst)
+    return data.new_empty(shape, dtype=dtype)
+
+
+@torch.library.custom_op(
+    f"{_LIB}::to_blocked", mutates_args=(), device_types=_DEVICES, schema="(Tensor scales) -> Tensor"
+)
+def to_blocked(scales):
+    """See :func:`swiglu_ops.layouts.to_blocked`."""
+    return layouts.to_blocked(scales)
+
+
+@to_blocked.register_fake
+def _to_blocked_fake(scales):
+    layouts._check_scales("scales", scales, rank=2)
+    rows, cols = scales.shape
+    return scales.new_empty((layouts._ceil_to(rows, 128), layouts._ceil_to(cols, 4)))
+
+
+@torch.library.custom_op(
+    f"{_LIB}::mxscale1_to_blocked",
+    mutates_args=(),
+    device_types=_DEVICES,
+    schema="(Tensor mxscale1, Tensor? group_index=None) -> Tensor",
+)
+def mxscale1_to_blocked(mxscale1, group_index=None):
+    """See :func:`swiglu_ops.layouts.mxscale1_to_blocked`."""
+    return layouts.mxscale1_to_blocked(mxscale1, group_index)
+
+
+@mxscale1_to_blocked.register_fake
+def _mxscale1_to_blocked_fake(mxscale1, group_index=None):
+    plain = layouts.mxscale1_to_plain(mxscale1)
+    cols = layouts._ceil_to(plain.shape[-1], 4)
+    if group_index is None:
+        return mxscale1.new_empty((layouts._ceil_to(plain.numel() // plain.shape[-1], 128), cols))
+    if plain.dim() != 2:
+        raise ValueError("group_index is only supported with 2-D x (mxscale1 of rank 3)")
+    layouts._check_groups(group_index, mxscale1, plain.shape[0])
+    return mxscale1.new_empty((128 * layouts.blocked_tiles_bound(plain.shape[0], group_index.numel()), cols))
+
+
+_MXSCALE2_SCHEMA = "(Tensor mxscale2, SymInt num_rows, Tensor? group_index=None) -> Tensor"
+
+
+@torch.library.custom_op(
+    f"{_LIB}::mxscale2_to_blocked", mutates_args=(), device_types=_DEVICES, schema=_MXSCALE2_SCHEMA
+)
+def mxscale2_to_blocked(mxscale2, num_rows, group_index=None):
+    """See :func:`swiglu_ops.layouts.mxscale2_to_blocked`."""
+    return layouts.mxscale2_to_blocked(mxscale2, num_rows, group_index)
+
+
+@mxscale2_to_blocked.register_fake
+def _mxscale2_to_blocked_fake(mxscale2, num_rows, group_index=None):
+    layouts._check_mxscale2(mxscale2, num_rows, group_index)
+    g = None if group_index is None else group_index.numel()
+    tiles = layouts.blocked_tiles_bound(num_rows, g)
+    return mxscale2.new_empty((layouts._ceil_to(mxscale2.shape[1], 128), 4 * tiles))
+
+
+@torch.library.custom_op(
+    f"{_LIB}::mxscale2_to_plain", mutates_args=(), device_types=_DEVICES, schema=_MXSCALE2_SCHEMA
+)
+def mxscale2_to_plain(mxscale2, num_rows, group_index=None):
+    """See :func:`swiglu_ops.layouts.mxscale2_to_plain`."""
+    return layouts.mxscale2_to_plain(mxscale2, num_rows, group_index)
+
+
+@mxscale2_to_plain.register_fake
+def _mxscale2_to_plain_fake(mxscale2, num_rows, group_index=None):
+    layouts._check_mxscale2(mxscale2, num_rows, group_index)
+    g = 1 if group_index is None else group_index.numel()
+    return mxscale2.new_empty((-(-num_rows // 32) + g - 1, mxscale2.shape[1]))

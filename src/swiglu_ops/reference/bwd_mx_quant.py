@@ -1,4 +1,4 @@
-"""Reference SwigluBackwardMxQuantWithDualAxis: ``shared/spec/swiglu_backward_mx_quant.md`` sections 2-4.
+"""Reference SwigluBackwardMxQuantWithDualAxis: ``docs/operators.md`` section 2.
 
 Stage 1 (fp32 SwiGLU backward in the kernel's operation order, rounded to x's dtype) then stage 2 (MX
 quantisation of those 16-bit values along both axes, :mod:`.dual_axis`) built from the rules in
@@ -26,7 +26,7 @@ def stage1(x: torch.Tensor, dy: torch.Tensor, glu: GluParams) -> torch.Tensor:
     return grad.to(x.dtype)  # RNE, no saturation
 
 
-def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2) -> None:
+def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
     grad = stage1(x, dy, glu)  # [B, M, C] in x's dtype
-    quantize_dual_axis(grad, group_ends, fmt, scale_alg, "rint", y1, s1, y2, s2)
+    quantize_dual_axis(grad, group_ends, fmt, scale_alg, "rint", y1, s1, y2, s2, transpose_y2)

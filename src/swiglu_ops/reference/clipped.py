@@ -1,4 +1,5 @@
-"""Reference ClippedSwiglu / ClippedSwigluGrad: ``shared/spec/clipped_swiglu.md`` section 12, step by step.
+"""Reference ClippedSwiglu / ClippedSwigluGrad: ``docs/operators.md`` section 3 (``clipped_swiglu.md``
+section 12), step by step.
 
 The math of both directions (operation order of sections 3 and 4, the clamp_mode-1 extension of section 10)
 is :mod:`swiglu_ops.reference.glu`; this module adds what is specific to the two operators: the split of the

@@ -57,10 +57,13 @@ def _store(codes: torch.Tensor, fmt: mx.ElementFormat) -> torch.Tensor:
     return mx.pack_fp4(codes) if fmt.packed else codes
 
 
-def quantize_dual_axis(values, group_ends, fmt, scale_alg, round_mode, y1, s1, y2, s2) -> None:
+def quantize_dual_axis(
+    values, group_ends, fmt, scale_alg, round_mode, y1, s1, y2, s2, transpose_y2=False
+) -> None:
     """Quantise ``values`` [B, M, C] (the stage-1 result in x's dtype) along both axes into the outputs of
-    the kernel contracts (``swiglu_ops._api``): ``y1``/``y2`` [B, M, C] or [B, M, C/2] (FP4) uint8,
-    ``s1`` [B, M, 2 * ceil(C/64)], ``s2`` [B, R, C, 2] (zero-filled by the caller).
+    the kernel contracts (``swiglu_ops._api``): ``y1``/``y2`` [B, M, C] or [B, M, C/2] (FP4) uint8 (``y2``
+    [B, C, M] with ``transpose_y2``, FP8 only), ``s1`` [B, M, 2 * ceil(C/64)], ``s2`` [B, R, C, 2]
+    (zero-filled by the caller).
 
     ``group_ends`` (cumulative row ends, B == 1) or None; each end is clamped into [previous end, M], and
     rows past the last end belong to no group: all their outputs are 0.
@@ -77,5 +80,5 @@ def quantize_dual_axis(values, group_ends, fmt, scale_alg, round_mode, y1, s1, y
     s1.copy_(c1)
     for b in range(batch):
         q2, c2 = quantize_colwise(values[b], ranges, bases, fmt, scale_alg, round_mode, rows)
-        y2[b].copy_(_store(q2, fmt))
+        y2[b].copy_(q2.t() if transpose_y2 else _store(q2, fmt))
         s2[b].copy_(c2)

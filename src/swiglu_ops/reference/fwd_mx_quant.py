@@ -1,4 +1,4 @@
-"""Reference SwigluMxQuantWithDualAxis: ``shared/spec/swiglu_mx_quant.md`` sections 2-4.
+"""Reference SwigluMxQuantWithDualAxis: ``docs/operators.md`` section 4.
 
 Stage 1: the GLU family's forward (CANN's plain SwiGLU ``(A / (exp(A * -1) + 1)) * B`` by default, the
 clipped SwiGLU of GPT-OSS with its parameters) in fp32, rounded to x's dtype (spec 2.3; fp32 x is not
@@ -24,7 +24,9 @@ def stage1(x: torch.Tensor, glu: GluParams) -> torch.Tensor:
     return glu_math.forward(xf[..., a_cols], xf[..., b_cols], glu).to(x.dtype)
 
 
-def swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2) -> None:
+def swiglu_mx_quant(
+    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
+) -> None:
     """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
     act = stage1(x, glu)  # [B, M, N] in x's dtype
-    quantize_dual_axis(act, group_ends, fmt, scale_alg, round_mode, y1, s1, y2, s2)
+    quantize_dual_axis(act, group_ends, fmt, scale_alg, round_mode, y1, s1, y2, s2, transpose_y2)

@@ -1,4 +1,5 @@
-"""Reference SwigluGroupGrad: ``shared/spec/swiglu_group_grad.md`` section 9, step by step.
+"""Reference SwigluGroupGrad: ``docs/operators.md`` section 1 (``swiglu_group_grad.md`` section 9), step
+by step.
 
 Readable, not fast. fp32 throughout, the kernel's operation order, one rounding per operation (every
 multiply/add is a separate PyTorch op on whole tensors, so nothing can be contracted into an FMA), masks
