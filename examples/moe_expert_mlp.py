@@ -1,17 +1,20 @@
-"""Train a small MoE expert MLP on CPU with swiglu_ops, then compare MXFP8 and bf16 gradients.
+"""Train a small MoE layer on CPU twice, in bf16 and in MXFP8 on swiglu_ops' fused dual-axis MX operators.
 
-The layer: a learned top-1 router sends each token to one of E experts (uneven groups), tokens are sorted by
-expert into a buffer padded to a multiple of 64 rows, each expert applies ``up`` (D -> 2H), the clamped SwiGLU
-weighted by the routing probability, and ``down`` (H -> D). Everything runs in bf16 with fp32 master weights.
+The layer: a learned top-1 router sends each token to one of E experts (uneven groups), the tokens are sorted
+by expert, the experts are a :class:`swiglu_ops.MXFP8ExpertMLP` (``x @ W1[e]`` -> SwiGLU -> ``@ W2[e]``), and
+each token's output is scaled by its routing probability. Weights are fp32 masters, computed in bf16.
 
-- bf16 run: the activation is :func:`swiglu_ops.clamped_swiglu` with the routing weight and ``group_index``
-  counts (the padding rows are masked); its backward is the fused ``swiglu_group_grad``, which also gives the
-  router its gradient through the routing weight.
-- MXFP8 run: the activation is :func:`swiglu_ops.swiglu_mx_backward` (plain SwiGLU, as the fused MX operator
-  computes no clamp and no weight; the routing weight multiplies its output), so the gradient reaching the
-  experts' ``up`` weights is the dequantised MXFP8 (E4M3 + E8M0) gradient. The quantised tensors are captured
-  too: the script recomputes ``up``'s weight gradient from the column-wise (token-axis) copy, the operand an
-  FP8 wgrad GEMM would read, and shows the blocked scale shapes such a GEMM takes.
+- bf16 run: ``MXFP8ExpertMLP(quantize=False)``: bf16 GEMMs, the SwiGLU and its gradient rounded to bf16.
+- MXFP8 run: the activation comes from ``swiglu_mx_quant_dual_axis`` and the SwiGLU gradient from
+  ``swiglu_backward_mx_quant_dual_axis``, each as two MXFP8 copies (blocks along the hidden dim for the
+  next GEMM, blocks along the tokens restarting at every expert for the weight-gradient GEMM); the down
+  projection, both weight gradients and the input gradient are GEMMs on MXFP8 operands (emulated on CPU,
+  ``torch._scaled_grouped_mm`` on GPUs with MX support; see ``docs/integration.md``).
+
+Both runs start from the same weights and see the same data (a teacher-student regression). The script
+prints the relative errors of the MXFP8 gradients against the bf16 ones at the initial weights and the two
+loss curves, for CANN's plain SwiGLU and for GPT-OSS's clipped SwiGLU (limit 7, alpha 1.702, bias 1,
+interleaved gate/up).
 
 Run: ``python examples/moe_expert_mlp.py`` (about 10 s on 2 CPU cores); ``--help`` for the sizes.
 """
@@ -26,112 +29,71 @@ import torch.nn.functional as F
 
 import swiglu_ops
 
+GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
 
-class ExpertMLP(torch.nn.Module):
-    def __init__(self, dim: int, hidden: int, experts: int, clamp: float, mx_backward: bool, backend: str):
+
+class MoELayer(torch.nn.Module):
+    def __init__(self, dim: int, hidden: int, experts: int, glu: dict, quantize: bool, backend: str):
         super().__init__()
         self.router = torch.nn.Parameter(torch.randn(dim, experts) / dim**0.5)
-        self.up = torch.nn.Parameter(torch.randn(experts, dim, 2 * hidden) / dim**0.5)
-        self.down = torch.nn.Parameter(torch.randn(experts, hidden, dim) / hidden**0.5)
-        self.clamp, self.mx_backward, self.backend = clamp, mx_backward, backend
-        self.capture = swiglu_ops.MXGradient()  # filled by the MX backward
+        self.experts = swiglu_ops.MXFP8ExpertMLP(
+            experts, dim, hidden, **glu, quantize=quantize, backend=backend
+        )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens, experts = x.shape[0], self.up.shape[0]
+    def forward(self, x: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
         probs = torch.softmax(x.float() @ self.router, dim=-1)
         weight, expert = probs.max(dim=-1)  # fp32 routing weight, differentiable w.r.t. the router
         order = torch.argsort(expert, stable=True)
-        counts = torch.bincount(expert, minlength=experts)
-        ends = counts.cumsum(0).tolist()
-        starts = [0, *ends[:-1]]
-        xs = x[order].bfloat16()
-        up = self.up.bfloat16()
-        h = torch.cat([xs[s:e] @ up[i] for i, (s, e) in enumerate(zip(starts, ends, strict=True))])
-        if self.mx_backward:
-            act = swiglu_ops.swiglu_mx_backward(
-                h, torch.tensor(ends), backend=self.backend, capture=self.capture
-            )
-            act = act * weight[order].unsqueeze(1).bfloat16()
-        else:
-            rows = -(-tokens // 64) * 64  # a buffer padded to 64 rows: the padding rows are masked out
-            h = F.pad(h, (0, 0, 0, rows - tokens))
-            w = F.pad(weight[order], (0, rows - tokens))
-            act = swiglu_ops.clamped_swiglu(h, w, counts, self.clamp, backend=self.backend)[:tokens]
-        down = self.down.bfloat16()
-        out_sorted = torch.cat(
-            [act[s:e] @ down[i] for i, (s, e) in enumerate(zip(starts, ends, strict=True))]
-        )
-        return torch.empty_like(out_sorted).index_copy_(0, order, out_sorted).float()
+        ends = torch.bincount(expert, minlength=self.router.shape[1]).cumsum(0)  # the MX operators' groups
+        out = self.experts(x[order], ends, capture=capture).float() * weight[order].unsqueeze(1)
+        return torch.empty_like(out).index_copy_(0, order, out)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=64, help="H; 2H must be a multiple of 64")
-    parser.add_argument("--experts", type=int, default=4)
-    parser.add_argument("--clamp", type=float, default=7.0)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--backend", default="auto")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-
+def run_variant(name: str, glu: dict, args) -> dict:
     torch.manual_seed(0)
-    teacher = ExpertMLP(args.dim, args.hidden, args.experts, args.clamp, False, args.backend)
+    teacher = MoELayer(args.dim, args.hidden, args.experts, glu, quantize=False, backend=args.backend)
+    with torch.no_grad():
+        teacher.experts.w1.mul_(2.0)  # larger pre-activations: the GPT-OSS clamps bind on some of them
     inputs = torch.randn(args.tokens, args.dim)
     with torch.no_grad():
         targets = teacher(inputs)
 
     torch.manual_seed(1)
-    bf16_model = ExpertMLP(args.dim, args.hidden, args.experts, args.clamp, False, args.backend)
-    mx_model = ExpertMLP(args.dim, args.hidden, args.experts, args.clamp, True, args.backend)
-    mx_model.load_state_dict(bf16_model.state_dict())
-    counts = torch.bincount((inputs @ bf16_model.router).argmax(-1), minlength=args.experts)
-    print(f"tokens per expert: {counts.tolist()}, clamp {args.clamp}, backend {args.backend!r}")
+    models = {
+        "bf16": MoELayer(args.dim, args.hidden, args.experts, glu, quantize=False, backend=args.backend),
+        "mxfp8": MoELayer(args.dim, args.hidden, args.experts, glu, quantize=True, backend=args.backend),
+    }
+    models["mxfp8"].load_state_dict(models["bf16"].state_dict())
+    counts = torch.bincount((inputs @ models["bf16"].router).argmax(-1), minlength=args.experts)
+    print(f"\n== {name} == tokens per expert at the start: {counts.tolist()}")
 
-    # Gradients of one step. The runs differ in the activation's backward (MXFP8 vs bf16), in where the
-    # routing weight is applied (one rounding vs two) and in the clamp, which does not bind at initialisation.
-    grads = {}
-    for name, model in (("bf16", bf16_model), ("mxfp8", mx_model)):
+    grads, capture = {}, {}
+    for run, model in models.items():
         model.zero_grad()
-        F.mse_loss(model(inputs), targets).backward()
-        grads[name] = {n: p.grad.clone() for n, p in model.named_parameters()}
-    errors = {n: relative_error(grads["mxfp8"][n], grads["bf16"][n]) for n in ("up", "router")}
-    for n, g in grads["bf16"].items():
-        print(
-            f"grad {n:6s}  bf16 {g.flatten()[:3].tolist()}  mxfp8 {grads['mxfp8'][n].flatten()[:3].tolist()}"
-        )
-    print(
-        "relative error of MXFP8 vs bf16 gradients: " + ", ".join(f"{n} {e:.4f}" for n, e in errors.items())
-    )
+        x = inputs.clone().requires_grad_()
+        F.mse_loss(model(x, capture if run == "mxfp8" else None), targets).backward()
+        grads[run] = {"x": x.grad, **{n: p.grad.clone() for n, p in model.named_parameters()}}
+    errors = {n: relative_error(grads["mxfp8"][n], grads["bf16"][n]) for n in grads["bf16"]}
+    print("relative error of the MXFP8 gradients vs bf16 at the same weights:")
+    print("  " + ", ".join(f"{n} {e:.4f}" for n, e in errors.items()))
 
-    # The captured quantised gradient is what FP8 GEMMs read. Autograd's gradient of `up` used the row-wise
-    # copy (y1, mxscale1: the dgrad operand); an FP8 wgrad GEMM would read the token-axis copy (y2, mxscale2).
-    # Both quantise the same 16-bit gradient, so the two weight gradients agree to MX precision.
-    cap = mx_model.capture
-    grad_h = swiglu_ops.mx_dequantize(cap.y2, cap.mxscale2, axis=-2, group_index=cap.group_index)
-    order = torch.argsort((inputs @ mx_model.router).argmax(-1), stable=True)  # the forward's token order
-    xs = inputs[order].bfloat16().float()
-    ends = cap.group_index.tolist()
-    wgrad = torch.stack([xs[s:e].t() @ grad_h[s:e] for s, e in zip([0, *ends[:-1]], ends, strict=True)])
-    wgrad_error = relative_error(wgrad, grads["mxfp8"]["up"])
+    # What the MX GEMMs read: FP8 codes and the cuBLAS blocked scales of swiglu_ops.layouts.
+    ends = torch.bincount((inputs @ models["mxfp8"].router).argmax(-1), minlength=args.experts).cumsum(0)
+    y1, s1, y2, s2 = capture["dh"]
+    dgrad = swiglu_ops.layouts.mxscale1_to_blocked(s1, ends)
+    wgrad = swiglu_ops.layouts.mxscale2_to_blocked(s2, args.tokens, ends)
     print(
-        f"wgrad of up from (y2, mxscale2) vs autograd's from (y1, mxscale1): relative difference "
-        f"{wgrad_error:.4f}"
-    )
-    dgrad_scales = swiglu_ops.layouts.mxscale1_to_blocked(cap.mxscale1, cap.group_index)
-    wgrad_scales = swiglu_ops.layouts.mxscale2_to_blocked(cap.mxscale2, args.tokens, cap.group_index)
-    print(
-        f"blocked scales for FP8 GEMMs: dgrad {tuple(dgrad_scales.shape)}, wgrad {tuple(wgrad_scales.shape)}"
+        f"SwiGLU gradient for the GEMMs: {tuple(y1.shape)} {y1.dtype}; blocked scales dgrad "
+        f"{tuple(dgrad.shape)} (groups along M), wgrad {tuple(wgrad.shape)} (groups along K); GEMMs: "
+        f"{capture['gemm']}"
     )
 
     losses = {}
-    for name, model in (("bf16", bf16_model), ("mxfp8", mx_model)):
+    for run, model in models.items():
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         history = []
         for _ in range(args.steps):
@@ -140,11 +102,30 @@ def main(argv=None) -> dict:
             loss.backward()
             optimizer.step()
             history.append(loss.item())
-        losses[name] = history
-        shown = ", ".join(f"{v:.4f}" for v in history[:: max(1, args.steps // 6)])
-        print(f"{name:5s} loss: {shown} -> {history[-1]:.4f}")
-    print(f"done in {time.perf_counter() - start:.1f} s")
-    return {"losses": losses, "grad_errors": errors, "wgrad_error": wgrad_error}
+        losses[run] = history
+    print(f"{'step':>6} {'bf16 loss':>10} {'MXFP8 loss':>11}")
+    for i in sorted({*range(0, args.steps, max(1, args.steps // 6)), args.steps - 1}):
+        print(f"{i + 1:>6} {losses['bf16'][i]:>10.5f} {losses['mxfp8'][i]:>11.5f}")
+    return {"losses": losses, "grad_errors": errors}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=64, help="H, a multiple of 32")
+    parser.add_argument("--experts", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--backend", default="auto")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    results = {
+        "swiglu": run_variant("SwiGLU", {}, args),
+        "gpt_oss": run_variant("GPT-OSS (limit 7, alpha 1.702, bias 1, interleaved)", GPT_OSS, args),
+    }
+    print(f"\ndone in {time.perf_counter() - start:.1f} s")
+    return results
 
 
 if __name__ == "__main__":

@@ -9,17 +9,23 @@ import sys
 from swiglu_ops import cli
 
 
-def test_demo_reports_mxfp8_errors_and_times(capsys):
-    assert (
-        cli.main(["demo", "--tokens", "70", "0", "33", "--d-model", "64", "--hidden", "64", "--repeats", "1"])
-        == 0
-    )
+def test_demo_trains_bf16_and_mxfp8_and_reports_errors_and_times(capsys):
+    argv = ["demo", "--tokens", "70", "0", "33", "--d-model", "32", "--hidden", "64", "--steps", "6"]
+    assert cli.main([*argv, "--repeats", "1", "--backend", "cpu"]) == 0
     out = capsys.readouterr().out
-    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)$", out, flags=re.M)
-    assert [(e, n) for e, n, _, _ in rows] == [("0", "70"), ("2", "33")]  # the empty expert is skipped
-    for _, _, dgrad, wgrad in rows:  # MXFP8 (E4M3, 32-blocks) stays within a few percent of bf16
-        assert 0.0 < float(dgrad) < 0.06 and 0.0 < float(wgrad) < 0.06
-    assert re.search(r"^\s+reference\s+[0-9.]+ ms\s+1x", out, flags=re.M)
+    assert "== SwiGLU ==" in out and "== GPT-OSS" in out
+    errors = re.findall(r"^\s+(out|dx|dW1|dW2)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$", out, flags=re.M)
+    assert [e[0] for e in errors] == ["out", "dx", "dW1", "dW2"] * 2  # both variants, the whole MLP
+    for _, mx_vs_bf16, bf16_vs_exact, mx_vs_exact in errors:
+        assert 0.005 < float(mx_vs_bf16) < 0.08 and 0.005 < float(mx_vs_exact) < 0.08  # E4M3: a few %
+        assert float(bf16_vs_exact) < 0.01
+    curves = re.findall(r"^\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+[-+][0-9.]+%$", out, flags=re.M)
+    assert [int(c[0]) for c in curves] == [1, 2, 3, 4, 5, 6] * 2
+    for first, last in ((curves[0], curves[5]), (curves[6], curves[11])):
+        for col in (1, 2):  # bf16 and MXFP8 losses both fall
+            assert float(last[col]) < float(first[col])
+    assert re.search(r"^\s+reference\s+[0-9.]+ ms\s+1x\s+[0-9.]+ ms\s+1x$", out, flags=re.M)
+    assert re.search(r"^\s+cpu\s+[0-9.]+ ms", out, flags=re.M)
 
 
 def test_verify_passes_for_every_available_backend(capsys):

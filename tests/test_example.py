@@ -1,4 +1,4 @@
-"""The MoE example runs (small settings), trains, and its MXFP8 gradients stay close to the bf16 ones."""
+"""The MoE example runs (small settings), trains in bf16 and MXFP8, and its MXFP8 gradients track bf16."""
 
 from __future__ import annotations
 
@@ -16,11 +16,14 @@ def load_example():
 
 
 def test_example_trains_and_mxfp8_gradients_track_bf16(capsys):
-    results = load_example().main(["--tokens", "192", "--steps", "8", "--backend", "reference"])
+    results = load_example().main(["--tokens", "192", "--steps", "8", "--backend", "cpu"])
     out = capsys.readouterr().out
-    assert "relative error of MXFP8 vs bf16 gradients" in out and "bf16  loss" in out and "mxfp8 loss" in out
-    for name, history in results["losses"].items():
-        assert history[-1] < 0.5 * history[0], (name, history)
-    assert 0 < results["grad_errors"]["up"] < 0.06  # E4M3: ~2-3 % relative per element
-    assert results["grad_errors"]["router"] < 0.02
-    assert 0 < results["wgrad_error"] < 0.02
+    assert "== SwiGLU ==" in out and "== GPT-OSS" in out and "MXFP8 loss" in out and "groups along K" in out
+    for variant in ("swiglu", "gpt_oss"):
+        losses, errors = results[variant]["losses"], results[variant]["grad_errors"]
+        for name, history in losses.items():
+            assert history[-1] < 0.6 * history[0], (variant, name, history)
+        assert abs(losses["mxfp8"][-1] - losses["bf16"][-1]) < 0.05 * losses["bf16"][-1]
+        for name in ("x", "experts.w1", "experts.w2"):  # E4M3 in both operands of the GEMMs: ~3-4 %
+            assert 0.005 < errors[name] < 0.08, (variant, name, errors)
+        assert errors["router"] < 0.05, (variant, errors)

@@ -1,9 +1,12 @@
 """``swiglu-ops`` command line: ``demo`` (the main job), ``verify`` and ``bench``.
 
-``swiglu-ops demo`` runs the backward of an MoE expert MLP on synthetic data twice: with the bf16 gradient
-of :func:`swiglu_ops.swiglu_group_grad`, and with the MXFP8 gradient of
-:func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis` dequantised and fed to the dgrad and wgrad matmuls.
-It prints how far the MXFP8 weight/input gradients are from the bf16 ones and how fast each backend is.
+``swiglu-ops demo`` trains a small MoE expert MLP (:class:`swiglu_ops.MXFP8ExpertMLP`: a few experts with
+uneven token counts, a teacher-student regression) twice from the same initial weights: in bf16, and in
+MXFP8, the activation quantised by :func:`swiglu_ops.swiglu_mx_quant_dual_axis` in the forward and the
+SwiGLU gradient by :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis` in the backward, the GEMMs on MXFP8
+operands. It prints, for CANN's plain SwiGLU and for GPT-OSS's clipped SwiGLU, the relative errors of the
+whole MLP's output and gradients (MXFP8 vs bf16, each vs the exact float64 MLP) at the same weights and the
+two loss curves side by side, then how fast each backend runs the two fused operators and a training step.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ import time
 
 import torch
 
-from . import _api, mx_dequantize, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad
+from . import _api, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad, swiglu_mx_quant_dual_axis
+from .expert_mlp import MXFP8ExpertMLP, expert_mlp_reference
 from .tolerances import GRAD_WEIGHT_RTOL, unit_differences, within_near_ties
+
+#: The GPT-OSS clipped SwiGLU (openai/gpt-oss, Hugging Face GptOssExperts).
+GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
 
 
 def _progress(msg: str) -> None:
@@ -39,33 +46,70 @@ def _time(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def make_moe_problem(tokens_per_expert, d_model: int, hidden: int, clamp: float, seed: int = 0):
-    """Synthetic expert-MLP activations: x [T, d], per-expert W1 [d, 2H], pre-activations h = x W1 [T, 2H]
-    (gate | up), routing weights w [T], upstream grad dy [T, H], forward outputs (weighted and not)."""
+def make_moe_problem(tokens_per_expert, d_model: int, hidden: int, glu: dict, seed: int = 0):
+    """Synthetic regression: tokens ``x [T, d]`` sorted by expert, their cumulative ends, and targets from a
+    random teacher expert MLP of the same shape and activation (computed exactly, in float64)."""
     gen = torch.Generator().manual_seed(seed)
-    t = sum(tokens_per_expert)
-    x = torch.randn(t, d_model, generator=gen).bfloat16()
-    w1 = [
-        (torch.randn(d_model, 2 * hidden, generator=gen) / d_model**0.5).bfloat16() for _ in tokens_per_expert
-    ]
+    x = torch.randn(sum(tokens_per_expert), d_model, generator=gen)
     ends = torch.tensor(tokens_per_expert).cumsum(0)
-    starts = ends - torch.tensor(tokens_per_expert)
-    h = torch.cat([x[s:e].float() @ w.float() for s, e, w in zip(starts, ends, w1, strict=True)]).bfloat16()
-    weight = torch.rand(t, 1, generator=gen) * 0.9 + 0.1
-    g, u = h[:, :hidden].float(), h[:, hidden:].float()
-    y_unweighted = torch.nn.functional.silu(torch.clamp(g, max=clamp)) * torch.clamp(u, -clamp, clamp)
-    dy = (torch.randn(t, hidden, generator=gen) * 0.01).bfloat16()
-    return dict(
-        x=x,
-        w1=w1,
-        h=h,
-        weight=weight,
-        y_origin=y_unweighted.bfloat16(),
-        dy=dy,
-        starts=starts.tolist(),
-        ends=ends.tolist(),
-        counts=torch.tensor(tokens_per_expert),
-    )
+    e = len(tokens_per_expert)
+    w1 = torch.randn(e, d_model, 2 * hidden, generator=gen, dtype=torch.float64) * 2.0 / d_model**0.5
+    w2 = torch.randn(e, hidden, d_model, generator=gen, dtype=torch.float64) / hidden**0.5
+    target = expert_mlp_reference(x.double(), w1, w2, ends, **glu).float()
+    return x, ends, target
+
+
+def _loss_and_grads(model: MXFP8ExpertMLP, x, ends, target):
+    """MSE loss and its gradients (output, dx, dW1, dW2) at the model's current weights."""
+    model.zero_grad()
+    xr = x.detach().to(torch.bfloat16).requires_grad_()
+    out = model(xr, ends)
+    loss = torch.nn.functional.mse_loss(out.float(), target)
+    loss.backward()
+    return loss.item(), (out.detach(), xr.grad, model.w1.grad.clone(), model.w2.grad.clone())
+
+
+def _exact_grads(model: MXFP8ExpertMLP, x, ends, target, glu: dict):
+    """The same at the same (bf16) weights in float64, nothing rounded or quantised."""
+    x64 = x.to(torch.bfloat16).double().requires_grad_()
+    w1 = model.w1.detach().to(torch.bfloat16).double().requires_grad_()
+    w2 = model.w2.detach().to(torch.bfloat16).double().requires_grad_()
+    out = expert_mlp_reference(x64, w1, w2, ends, **glu)
+    torch.nn.functional.mse_loss(out, target.double()).backward()
+    return out.detach(), x64.grad, w1.grad, w2.grad
+
+
+def compare_training(tokens, d_model: int, hidden: int, glu: dict, steps: int, lr: float, backend: str):
+    """bf16 vs MXFP8 expert MLP from the same initial weights on the same data: gradient errors at the
+    initial weights and both loss curves. Returns ``(errors, losses, median seconds per step)``."""
+    x, ends, target = make_moe_problem(tokens, d_model, hidden, glu)
+    torch.manual_seed(1)
+    models = {
+        "bf16": MXFP8ExpertMLP(len(tokens), d_model, hidden, **glu, quantize=False, backend=backend),
+        "mxfp8": MXFP8ExpertMLP(len(tokens), d_model, hidden, **glu, quantize=True, backend=backend),
+    }
+    models["mxfp8"].load_state_dict(models["bf16"].state_dict())
+    exact = _exact_grads(models["bf16"], x, ends, target, glu)
+    grads = {name: _loss_and_grads(m, x, ends, target)[1] for name, m in models.items()}
+    errors = {
+        what: (_rel(grads["mxfp8"][i], grads["bf16"][i]), _rel(grads["bf16"][i], exact[i]),
+               _rel(grads["mxfp8"][i], exact[i]))
+        for i, what in enumerate(("out", "dx", "dW1", "dW2"))
+    }  # fmt: skip
+    losses, step_time = {}, {}
+    for name, model in models.items():
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        history, durations = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss, _ = _loss_and_grads(model, x, ends, target)
+            opt.step()
+            durations.append(time.perf_counter() - t0)
+            history.append(loss)
+        step_time[name] = sorted(durations)[len(durations) // 2] if durations else float("nan")
+        losses[name] = history
+    return errors, losses, step_time
 
 
 def demo(argv=None) -> int:
@@ -74,96 +118,92 @@ def demo(argv=None) -> int:
         "--tokens",
         type=int,
         nargs="+",
-        default=[700, 96, 333, 1, 512, 160, 48, 198],
-        help="tokens routed to each expert (uneven groups)",
+        default=[300, 61, 0, 207, 1, 155],
+        help="tokens routed to each expert (uneven groups; 0 = an expert without tokens)",
     )
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=1024, help="H (x has 2H columns: gate | up)")
-    p.add_argument("--clamp", type=float, default=7.0)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=128, help="H (W1 has 2H columns: gate | up)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--backend", default="auto", help="backend of the fused operators in the training runs")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per backend")
+    p.add_argument(
+        "--train-threads",
+        type=int,
+        default=1,
+        help="torch threads while training (default 1: the problem is small, and between the many small ops "
+        "of a step torch's spinning OpenMP threads starve the cpu backend's threads on a busy machine)",
+    )
     args = p.parse_args(argv)
-    if args.hidden % 32:
-        p.error("--hidden must be a multiple of 32 (x's last dim 2H must be a multiple of 64)")
+    if args.hidden % 32 or args.d_model % 8:
+        p.error("--hidden must be a multiple of 32 and --d-model of 8")
 
     t_all = time.perf_counter()
     print(
-        f"swiglu_ops demo: MoE expert-MLP backward, {len(args.tokens)} experts, tokens per expert "
-        f"{args.tokens}, d_model {args.d_model}, H {args.hidden}, clamp {args.clamp}"
+        f"swiglu_ops demo: MoE expert MLP d_model {args.d_model} -> 2H {2 * args.hidden} -> d_model, "
+        f"{len(args.tokens)} experts, tokens per expert {args.tokens}"
     )
-    _progress("building synthetic problem")
-    prob = make_moe_problem(args.tokens, args.d_model, args.hidden, args.clamp)
-    h, dy, weight = prob["h"], prob["dy"], prob["weight"]
-    hmax = float(h.float().abs().max())
     print(
-        f"pre-activations |h| <= {hmax:.2f}; routing weights in [{float(weight.min()):.2f}, "
-        f"{float(weight.max()):.2f}]"
+        "MXFP8 run: act = swiglu_mx_quant_dual_axis(x W1), dh = swiglu_backward_mx_quant_dual_axis(h, dact); "
+        "GEMMs out = act W2,\n  dW2 = act^T dout, dx = dh W1^T, dW1 = x^T dh on MXFP8 operands (E4M3 + E8M0, "
+        "32-blocks; emulated on CPU); x W1 and dout W2^T in bf16"
     )
-    if hmax < args.clamp:
-        print(
-            f"(the clamp {args.clamp} bounds no pre-activation here, so the bf16 and MXFP8 paths compute the "
-            "same math and differ only by quantisation)"
-        )
-    else:
-        print(f"(note: some |h| >= clamp {args.clamp}; the MX op has no clamp, so those positions differ)")
-
-    # --- bf16 path: SwigluGroupGrad (clamp, routing weight, group row mask, routing-weight gradient).
-    _progress(
-        "bf16 gradient (swiglu_group_grad; the first call of a Numba backend compiles it, cached after)"
-    )
-    dh_bf16, dweight = swiglu_group_grad(dy, h, weight, prob["y_origin"], prob["counts"], args.clamp)
-
-    # --- MXFP8 path: the MX op computes the plain SwiGLU backward, so the routing weight is folded into the
-    # upstream gradient; the clamp bounds no value here when |h| < clamp (then both paths are the same math).
-    _progress("MXFP8 gradient (swiglu_backward_mx_quant_dual_axis)")
-    ends = torch.tensor(prob["ends"])
-    y1, s1, y2, s2 = swiglu_backward_mx_quant_dual_axis(h, (dy.float() * weight).bfloat16(), ends)
-    dh_row = mx_dequantize(y1, s1, axis=-1)  # blocks along 2H: operand of the dgrad GEMM (contracts 2H)
-    dh_col = mx_dequantize(y2, s2, axis=-2, group_index=ends)  # blocks along tokens: wgrad (contracts tokens)
-
-    _progress("dgrad / wgrad matmuls")
-    rows = []
-    for e, (s, t) in enumerate(zip(prob["starts"], prob["ends"], strict=True)):
-        if t == s:
-            continue
-        xe, w1 = prob["x"][s:t].float(), prob["w1"][e].float()
-        dgrad_ref = dh_bf16[s:t].float() @ w1.T
-        wgrad_ref = xe.T @ dh_bf16[s:t].float()
-        rows.append((e, t - s, _rel(dh_row[s:t] @ w1.T, dgrad_ref), _rel(xe.T @ dh_col[s:t], wgrad_ref)))
+    variants = {"SwiGLU": {}, "GPT-OSS (limit 7, alpha 1.702, bias 1, interleaved)": GPT_OSS}
+    step_times = {}
+    threads = torch.get_num_threads()
+    for title, glu in variants.items():
+        _progress(f"training {title}: bf16 and MXFP8, {args.steps} steps each")
+        torch.set_num_threads(args.train_threads)
+        try:
+            errors, losses, step_time = compare_training(
+                args.tokens, args.d_model, args.hidden, glu, args.steps, args.lr, args.backend
+            )
+        finally:
+            torch.set_num_threads(threads)
+        step_times[title] = step_time
+        print(f"\n== {title} ==")
+        print("relative error (Frobenius) at the initial weights; exact = float64 MLP, nothing rounded")
+        print(f"{'':>6} {'MXFP8 vs bf16':>14} {'bf16 vs exact':>14} {'MXFP8 vs exact':>15}")
+        for what, (mx_bf, bf_ex, mx_ex) in errors.items():
+            print(f"{what:>6} {mx_bf:>14.4f} {bf_ex:>14.4f} {mx_ex:>15.4f}")
+        print(f"training loss (MSE, Adam lr {args.lr}):")
+        print(f"{'step':>6} {'bf16':>10} {'MXFP8':>10} {'rel. diff':>10}")
+        shown = sorted({*range(0, args.steps, max(1, args.steps // 6)), args.steps - 1})
+        for i in shown:
+            b, m = losses["bf16"][i], losses["mxfp8"][i]
+            print(f"{i + 1:>6} {b:>10.5f} {m:>10.5f} {(m - b) / b:>+10.2%}")
 
     print()
-    print("MXFP8 vs bf16 gradients (relative Frobenius error)")
-    print(f"{'expert':>6} {'tokens':>6} {'dgrad':>9} {'wgrad':>9}")
-    for e, n, d, w in rows:
-        print(f"{e:>6} {n:>6} {d:>9.4f} {w:>9.4f}")
+    tokens, two_h = sum(args.tokens), 2 * args.hidden
+    x, ends, _ = make_moe_problem(args.tokens, args.d_model, args.hidden, {})
+    h = (x @ torch.randn(args.d_model, two_h) / args.d_model**0.5).to(torch.bfloat16)
+    dact = (torch.randn(tokens, args.hidden) * 0.01).to(torch.bfloat16)
     print(
-        f"{'all':>6} {sum(args.tokens):>6} {_rel(dh_row, dh_bf16.float()):>9.4f} "
-        f"{_rel(dh_col, dh_bf16.float()):>9.4f}   (gradient itself: rowwise / colwise dequantised)"
+        f"time per call on h = {tokens} x {two_h} bf16, {len(args.tokens)} groups (median of {args.repeats})"
     )
-    print(
-        f"routing-weight gradient: |dL/dw| mean {float(dweight.abs().mean()):.3e} "
-        f"over {dweight.numel()} tokens"
-    )
-
-    print()
-    print(f"time per op on {h.shape[0]} x {h.shape[1]} bf16 (median of {args.repeats})")
-    print(
-        f"{'backend':>10} {'swiglu_group_grad':>22} {'mx_quant_dual_axis':>23}   (x: speed-up over reference)"
-    )
+    print(f"{'backend':>10} {'swiglu_mx_quant_dual_axis':>27} {'swiglu_backward_mx_quant_dual_axis':>36}")
     times = {}
     for name in _api.available_backends("cpu"):
         _progress(f"timing backend {name!r}")
-        t_gg = _time(
-            lambda n=name: swiglu_group_grad(
-                dy, h, weight, prob["y_origin"], prob["counts"], args.clamp, backend=n
-            ),
-            args.repeats,
+        t_fwd = _time(lambda n=name: swiglu_mx_quant_dual_axis(h, ends, backend=n), args.repeats)
+        t_bwd = _time(
+            lambda n=name: swiglu_backward_mx_quant_dual_axis(h, dact, ends, backend=n), args.repeats
         )
-        t_mx = _time(lambda n=name: swiglu_backward_mx_quant_dual_axis(h, dy, ends, backend=n), args.repeats)
-        times[name] = (t_gg, t_mx)
-    ref_gg, ref_mx = times["reference"]
-    for name, (t_gg, t_mx) in times.items():
-        gg = f"{t_gg * 1e3:>9.2f} ms {ref_gg / t_gg:>5.0f}x"
-        print(f"{name:>10} {gg} {t_mx * 1e3:>10.2f} ms {ref_mx / t_mx:>5.0f}x")
+        times[name] = (t_fwd, t_bwd)
+    ref_fwd, ref_bwd = times["reference"]
+    for name, (t_fwd, t_bwd) in times.items():
+        fwd = f"{t_fwd * 1e3:>10.2f} ms {ref_fwd / t_fwd:>5.0f}x"
+        bwd = f"{t_bwd * 1e3:>10.2f} ms {ref_bwd / t_bwd:>5.0f}x"
+        print(f"{name:>10} {fwd:>27} {bwd:>36}")
+    print("(x: speed-up over the reference backend)")
+    print(
+        f"training step (forward + backward + Adam; median; {args.train_threads} thread(s)), "
+        f"backend {args.backend!r}:"
+    )
+    for title, st in step_times.items():
+        print(
+            f"  {title.split(' (')[0]:>8}: bf16 {st['bf16'] * 1e3:.1f} ms, MXFP8 {st['mxfp8'] * 1e3:.1f} ms"
+        )
     print(f"\ndone in {time.perf_counter() - t_all:.1f} s")
     return 0
 
@@ -182,7 +222,12 @@ def verify(argv=None) -> int:
     p = argparse.ArgumentParser(prog="swiglu-ops verify", description=verify.__doc__)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        p.error(f"--device {args.device!r} is not a device ({exc})")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is unavailable (torch {torch.__version__}); use --device cpu")
     gen = torch.Generator().manual_seed(0)
     ok = True
     for dtype in (torch.bfloat16, torch.float16):
@@ -222,6 +267,8 @@ COMMANDS = {"demo": demo, "verify": verify, "bench": bench}
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"swiglu-ops: unknown command {argv[0]!r} (one of: {', '.join(COMMANDS)})", file=sys.stderr)
         print(
             "usage: swiglu-ops {demo,verify,bench} [options]\n"
             "  demo    MoE expert-MLP backward: bf16 vs MXFP8 gradients, time per backend (the main job)\n"

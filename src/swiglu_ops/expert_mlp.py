@@ -1,0 +1,552 @@
+"""An MoE expert MLP whose SwiGLU runs on the fused dual-axis MX operators: :class:`MXFP8ExpertMLP`.
+
+``out = SwiGLU(x @ W1[e]) @ W2[e]`` for the tokens of each expert ``e`` (ragged groups given by cumulative row
+**ends**, the MX operators' ``group_index``, which is also ``torch._grouped_mm``'s ``offs``). The forward's
+activation is quantised by :func:`swiglu_ops.swiglu_mx_quant_dual_axis` and the backward's SwiGLU gradient
+by :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis`; each of the two dual-axis results feeds two GEMMs:
+
+=====================  ===========================  ======================================  ======
+GEMM                   operand from a fused op      partner                                 K
+=====================  ===========================  ======================================  ======
+1 up    h = x W1       (none: bf16 x)               bf16 W1                                 d
+2 down  out = a W2     act ``y1`` (blocks along H)  W2, MXFP8 blocks along H                H
+3 down  da = g W2^T    (none: bf16 dout)            bf16 W2                                 d
+4 wgrad dW2 = a^T g    act ``y2`` (token blocks)    dout, MXFP8 token blocks                tokens
+5 up    dx = dh W1^T   dh ``y1`` (blocks along 2H)  W1, MXFP8 blocks along 2H               2H
+6 wgrad dW1 = x^T dh   dh ``y2`` (token blocks)     x, MXFP8 token blocks                   tokens
+=====================  ===========================  ======================================  ======
+
+(``a`` = act, ``g`` = dout, ``dh`` = the SwiGLU's input gradient.) GEMMs 2, 4, 5 and 6 read MXFP8 (E4M3FN
+elements, E8M0 scales, RCEIL rule, 32-element blocks along K) in **both** operands, as an MX GEMM does:
+the partner is quantised by the same rules (:func:`swiglu_ops.mx.quantize_blocks`), and token-axis blocks
+restart at every expert's first token, in the operators' own ``mxscale2`` layout. GEMMs 1 and 3 stay bf16.
+Every GEMM accumulates in fp32 and rounds its result once to bf16.
+
+Where the GEMMs run (``gemm=``):
+
+- ``"emulated"`` (every device; what ``"auto"`` picks on CPU and on GPUs without MX GEMMs): the MXFP8
+  operands are dequantised exactly and multiplied by ``torch._grouped_mm`` (a per-expert loop on torch <
+  2.9), in fp32 on CPU and in bf16 on GPUs (which holds every MXFP8 value whose block amax is above about
+  2**-115), accumulating in fp32 either way. No host
+  synchronisation, so the function also traces under ``torch.compile(fullgraph=True)``.
+- ``"scaled_grouped_mm"`` / ``"scaled_mm"``: CUDA devices with MX GEMMs (compute capability >= 10.0):
+  ``torch._scaled_grouped_mm`` (10.0 and a PyTorch built with its MXFP8 grouped kernels) or one
+  ``torch._scaled_mm`` per expert, on the FP8 codes and the cuBLAS blocked scales from
+  :mod:`swiglu_ops.layouts`. They need every expert's token count to be a multiple of 32 and ``d % 16 == 0``
+  (``"auto"`` falls back to ``"emulated"`` otherwise) and read the group ends on the host. **Written from
+  PyTorch's tests and torchao's MXFP8 MoE code; never run on such a GPU** (tested on CPU against fakes of
+  the two functions that check their documented layout rules).
+
+``quantize=False`` is the bf16 baseline: the same six GEMMs in bf16 and the operators' stage 1 (the exact
+activation and its gradient in fp32, rounded once to bf16) without quantisation, so that the two runs differ
+only by MXFP8.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _api, layouts, mx, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
+from .mx import mx_dequantize
+from .reference import bwd_mx_quant as _bwd_stage1
+from .reference import fwd_mx_quant as _fwd_stage1
+
+__all__ = ["MXFP8ExpertMLP", "mxfp8_expert_mlp", "quantize_mx_rowwise", "expert_mlp_reference", "GEMMS"]
+
+#: Values of ``gemm=``.
+GEMMS = ("auto", "emulated", "scaled_grouped_mm", "scaled_mm")
+
+_FMT = mx.E4M3FN
+_RCEIL = 1
+_BF16 = torch.bfloat16
+_E8M0 = torch.float8_e8m0fnu
+_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and tuple(
+    int(p) for p in torch.__version__.split("+")[0].split(".")[:2]
+) >= (2, 9)  # CPU kernels since 2.9 (2.8 has CUDA only)
+
+
+# ------------------------------------------------------------------------------------------ quantisers
+
+
+def _quantize_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`swiglu_ops.mx.quantize_blocks` for E4M3FN with RCEIL scales, its element cast done by torch:
+    ``(codes float8_e4m3fn, scale codes uint8)``. The scale rule is mx's; the product ``v * 2**(127 - E)``
+    of a 16-bit ``v`` is exact in fp32 wherever it can round to a nonzero E4M3 value, and RCEIL keeps it
+    below 464, where torch's round-to-nearest-even cast needs no saturation: the same codes for every finite
+    block (tested). A NaN/inf block gets scale 0xFF as in mx (its elements differ; they decode to NaN)."""
+    amax = mx.amax_bits(blocks, dim)
+    codes = mx.scale_codes(amax, _FMT, _RCEIL)
+    recip = mx.scale_reciprocal(codes, amax, _RCEIL).unsqueeze(dim)
+    y = (blocks.float() * recip).to(torch.float8_e4m3fn)
+    return y, codes.to(torch.uint8)
+
+
+def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (E4M3FN, RCEIL E8M0 scales) of ``v [..., K]`` in 32-element blocks along the last dim
+    (``K % 32 == 0``): ``(codes float8_e4m3fn [..., K], scale codes uint8 [..., K/32])`` (view them as
+    ``torch.float8_e8m0fnu`` for a GEMM).
+
+    The rules are the operators' (:func:`swiglu_ops.mx.quantize_blocks`); used for the weights, whose K is
+    their last dim once laid out ``[E, N, K]``. The codes are contiguous (row-major, as MX GEMMs read
+    them)."""
+    *lead, k = v.shape
+    codes, scales = _quantize_blocks(v.contiguous().view(*lead, k // mx.BLOCK, mx.BLOCK), -1)
+    return codes.reshape(v.shape), scales
+
+
+def _token_blocks(ends: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every row r: the ``mxscale2`` slot of its 32-row block and its position in the block. Row r of
+    group g (first row ``start``) is in slot ``2 * (start // 64 + g) + (r - start) // 32``
+    (:func:`swiglu_ops.mx.group_row_base`). Tensor ops only (no host synchronisation)."""
+    ends = ends.to(torch.int64)
+    rows = torch.arange(m, device=ends.device)
+    g = torch.searchsorted(ends, rows, right=True).clamp(max=ends.numel() - 1)  # in bounds for any values
+    start = torch.cat([ends.new_zeros(1), ends[:-1]])[g]
+    offset = rows - start
+    return 2 * mx.group_row_base(g, start) + offset // mx.BLOCK, offset % mx.BLOCK
+
+
+def _quantize_token_axis(v: torch.Tensor, ends: torch.Tensor, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 of ``v [M, C]`` along the token axis, 32-row blocks restarting at every group start: the
+    operators' ``y2``/``mxscale2`` layout (``[M, C]`` codes, ``[M // 64 + G, C, 2]`` uint8 scale codes, unused
+    slots 0)."""
+    m, c = v.shape
+    slot, pos = blocks
+    rows = mx.mxscale2_rows(m, ends.numel())
+    dest = slot * mx.BLOCK + pos
+    padded = v.new_zeros(2 * rows * mx.BLOCK, c).index_copy(0, dest, v)
+    codes, scales = _quantize_blocks(padded.view(2 * rows, mx.BLOCK, c), 1)
+    y2 = codes.view(2 * rows * mx.BLOCK, c).index_select(0, dest)
+    return y2, scales.view(rows, 2, c).transpose(1, 2).contiguous()
+
+
+def _table(cached, *args) -> torch.Tensor:
+    """A decode table of :mod:`swiglu_ops.mx` (cached per dtype and device); traced uncached under
+    torch.compile (Dynamo ignores the cache and warns about it)."""
+    return (cached.__wrapped__ if torch.compiler.is_compiling() else cached)(*args)
+
+
+def _values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``element(codes) * 2**(scales - 127)`` elementwise (scales already one per element), fp32."""
+    elements = mx._lookup(_table(mx._element_table, _FMT, torch.float32, codes.device), codes)
+    return elements * mx._lookup(_table(mx._e8m0_table, torch.float32, codes.device), scales)
+
+
+def _dequantize_token_axis(y2: torch.Tensor, s2: torch.Tensor, blocks, ends: torch.Tensor) -> torch.Tensor:
+    """``mx_dequantize(y2, s2, axis=-2, group_index=ends)`` in fp32, in eager mode without host
+    synchronisation; while torch.compile traces, that function itself (one opaque node: Inductor has no
+    ``float8_e8m0fnu`` kernels)."""
+    if torch.compiler.is_compiling():
+        return mx_dequantize(y2, s2, axis=-2, group_index=ends)
+    slots = s2.view(torch.uint8).movedim(-1, -2).reshape(-1, s2.shape[-2])  # slot 2 * row + s
+    return _values(y2, slots.index_select(0, blocks[0]))
+
+
+def _dequantize_rowwise(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_mx_rowwise`, fp32."""
+    return _values(codes, scales.view(torch.uint8).repeat_interleave(mx.BLOCK, dim=-1))
+
+
+# ----------------------------------------------------------------------------------------- bf16 GEMMs
+
+
+def _ranges(ends: torch.Tensor) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of every group, read on the host."""
+    bounds = [0, *ends.tolist()]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _grouped_mm_impl(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """:func:`_grouped_mm`. On CPU it runs in fp32: ``torch._grouped_mm``'s bf16 CPU kernel is 20-30x slower
+    here (and only bf16 passes its fake kernel, hence the custom op below for torch.compile)."""
+    if b.dim() == 3 and a.shape[0] == 0:  # no tokens (torch._grouped_mm rejects empty operands)
+        return a.new_zeros(0, b.shape[-1], dtype=_BF16)
+    if b.dim() == 2 and b.shape[0] == 0:
+        return a.new_zeros(offs.numel(), a.shape[0], b.shape[1], dtype=_BF16)
+    work = torch.float32 if a.device.type == "cpu" else _BF16  # fp32 accumulation either way
+    a, b = a.to(work), b.to(work)
+    if _HAS_GROUPED_MM:
+        return torch._grouped_mm(a, b, offs=offs).to(_BF16)
+    ranges = _ranges(offs)  # torch < 2.9: a loop over the experts (one host read of the ends)
+    if b.dim() == 3:
+        parts = [a[s:e].float() @ b[g].float() for g, (s, e) in enumerate(ranges)]
+        return torch.cat([a.new_empty(0, b.shape[-1]).float(), *parts]).to(_BF16)
+    return torch.stack([a[:, s:e].float() @ b[s:e].float() for s, e in ranges]).to(_BF16)
+
+
+_grouped_mm_op = torch.library.custom_op(
+    "swiglu_ops::_expert_grouped_mm", _grouped_mm_impl, mutates_args=(), device_types=("cpu", "cuda")
+)
+
+
+@_grouped_mm_op.register_fake
+def _grouped_mm_fake(a, b, offs):
+    if b.dim() == 3:
+        return a.new_empty(a.shape[0], b.shape[-1], dtype=_BF16)
+    return a.new_empty(offs.shape[0], a.shape[0], b.shape[1], dtype=_BF16)
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Grouped GEMM, fp32 accumulation, one rounding to bf16: ``a [T, K]`` rows of group g times ``b[g]``
+    (``b [E, K, N]``) -> ``[T, N]``; or, with ``a [K, T]`` (tokens along its columns) and ``b [T, N]``, the
+    per-group ``a[:, group] @ b[group]`` -> ``[E, K, N]`` (zeros for an empty group). ``offs``: int32 group
+    ends. Operands are bf16, or fp32 holding bf16-exact values (dequantised MXFP8)."""
+    if torch.compiler.is_compiling():  # one opaque node
+        return torch.ops.swiglu_ops._expert_grouped_mm(a, b, offs)
+    return _grouped_mm_impl(a, b, offs)
+
+
+# ------------------------------------------------------------------------------------------- MX GEMMs
+
+
+def mx_gemm_support(device: torch.device) -> str | None:
+    """The MX GEMM PyTorch offers on ``device``: ``"scaled_grouped_mm"``, ``"scaled_mm"`` or None.
+
+    MX ``torch._scaled_mm`` needs CUDA compute capability >= 10.0; MXFP8 ``torch._scaled_grouped_mm`` needs
+    10.0 and a PyTorch built with its grouped kernels (the condition PyTorch's own tests use)."""
+    if device.type != "cuda" or torch.version.hip or not torch.cuda.is_available():
+        return None
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (10, 0):
+        return None
+    config = torch.__config__.show()
+    grouped = "USE_MSLK" in config or "FBGEMM" in config
+    if cap == (10, 0) and hasattr(torch, "_scaled_grouped_mm") and grouped:
+        return "scaled_grouped_mm"
+    return "scaled_mm" if hasattr(torch, "_scaled_mm") else None
+
+
+def _resolve_gemm(gemm: str, x: torch.Tensor, ends: torch.Tensor) -> str:
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    if gemm == "emulated":
+        return gemm
+    supported = mx_gemm_support(x.device)
+    if gemm == "auto" and supported is None:
+        return "emulated"
+    if supported is None or (gemm == "scaled_grouped_mm" and supported != gemm):
+        raise ValueError(f"gemm={gemm!r} needs MX GEMMs, which PyTorch does not offer on {x.device}")
+    sizes = [e - s for s, e in _ranges(ends)]  # the blocked scale layouts need them on the host anyway
+    ok = all(n % mx.BLOCK == 0 for n in sizes) and x.shape[-1] % 16 == 0
+    if gemm == "auto":
+        if not ok:
+            return "emulated"
+        return supported if all(n > 0 for n in sizes) else "scaled_mm"
+    if not ok:
+        raise ValueError(f"gemm={gemm!r} needs token counts that are multiples of 32 and d % 16 == 0")
+    if gemm == "scaled_grouped_mm" and not all(n > 0 for n in sizes):
+        raise ValueError("gemm='scaled_grouped_mm' needs every expert to have tokens (use 'scaled_mm')")
+    return gemm
+
+
+def _e8m0(scales: torch.Tensor) -> torch.Tensor:
+    return scales.view(_E8M0)
+
+
+def _blocked(scales: torch.Tensor) -> torch.Tensor:
+    """One ``[rows, K/32]`` scale matrix in the cuBLAS blocked layout, flat, as ``float8_e8m0fnu``."""
+    return _e8m0(layouts.to_blocked(scales).flatten())
+
+
+def _blocked_stack(scales: torch.Tensor) -> torch.Tensor:
+    """``[E, N, K/32]`` -> ``[E, blocked]``: each expert's scales in the cuBLAS blocked layout."""
+    return torch.stack([_blocked(s) for s in scales])
+
+
+def _mm_rows(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """GEMM 2 / 5: ``a = (y1, mxscale1)`` ``[T, K]`` from a fused op times, per group, ``b = (codes, scales)``
+    ``[E, N, K]`` (blocks along K) transposed -> ``[T, N]`` bf16."""
+    (y1, s1), (bq, bs) = a, b
+    if gemm == "emulated":
+        lhs = mx_dequantize(y1, s1, axis=-1)  # fp32 values, exact in bf16
+        rhs = _dequantize_rowwise(bq, bs).transpose(-2, -1)
+        return _grouped_mm(lhs, rhs, offs)
+    if gemm == "scaled_grouped_mm":
+        return torch._scaled_grouped_mm(
+            y1, bq.transpose(-2, -1), _e8m0(layouts.mxscale1_to_blocked(s1, ends)), _blocked_stack(bs),
+            offs=offs, out_dtype=_BF16,
+        )  # fmt: skip
+    plain = layouts.mxscale1_to_plain(s1, y1.shape[1])
+    out = y1.new_zeros(y1.shape[0], bq.shape[1], dtype=_BF16)
+    for g, (s, e) in enumerate(_ranges(ends)):
+        if e > s:
+            out[s:e] = torch._scaled_mm(
+                y1[s:e], bq[g].t(), _blocked(plain[s:e]), _blocked(bs[g]), out_dtype=_BF16,
+            )  # fmt: skip
+    return out
+
+
+def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) -> torch.Tensor:
+    """GEMM 4 / 6: per group ``a[g]^T @ b[g]`` for two token-axis MXFP8 operands ``(y2, mxscale2)``,
+    ``[T, Na]`` and ``[T, Nb]`` -> ``[E, Na, Nb]`` bf16 (zeros for an empty group)."""
+    (ay, a_s), (by, b_s) = a, b
+    if gemm == "emulated":
+        lhs = _dequantize_token_axis(ay, a_s, blocks, ends)
+        rhs = _dequantize_token_axis(by, b_s, blocks, ends)
+        return _grouped_mm(lhs.t(), rhs, offs)
+    m = ay.shape[0]
+    if gemm == "scaled_grouped_mm":  # "K groups": each group's blocked tiles one after another in memory
+        return torch._scaled_grouped_mm(
+            ay.t().contiguous(), by.t().contiguous().t(), _e8m0(layouts.mxscale2_to_blocked(a_s, m, ends)),
+            _e8m0(layouts.mxscale2_to_blocked(b_s, m, ends)), offs=offs, out_dtype=_BF16,
+        )  # fmt: skip
+    ranges = _ranges(ends)
+    a_plain = layouts.mxscale2_to_plain(a_s, m, ends)  # [blocks, Na]: the groups' blocks in group order
+    b_plain = layouts.mxscale2_to_plain(b_s, m, ends)
+    out = ay.new_zeros(len(ranges), ay.shape[1], by.shape[1], dtype=_BF16)
+    first = 0
+    for g, (s, e) in enumerate(ranges):
+        nblk = -(-(e - s) // mx.BLOCK)
+        if e > s:
+            out[g] = torch._scaled_mm(
+                ay[s:e].t().contiguous(), by[s:e].t().contiguous().t(),
+                _blocked(a_plain[first : first + nblk].t()), _blocked(b_plain[first : first + nblk].t()),
+                out_dtype=_BF16,
+            )  # fmt: skip
+        first += nblk
+    return out
+
+
+# ------------------------------------------------------------------------------------ autograd function
+
+
+def _fused_backward(h, dact, ends, glu_kwargs, backend):
+    if torch.compiler.is_compiling():  # one opaque node; eager calls skip the dispatcher
+        return torch.ops.swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+            h, dact, ends, **glu_kwargs, backend=backend
+        )
+    return _api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, backend=backend)
+
+
+class _ExpertMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, w2, ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture):
+        glu_kwargs = dict(limit=limit, alpha=alpha, bias=bias, interleaved=interleaved)
+        offs = ends.to(torch.int32)
+        path = _resolve_gemm(gemm, x, ends) if quantize else "bf16"
+        h = _grouped_mm(x, w1, offs)  # GEMM 1, bf16
+        if quantize:
+            act = _api.swiglu_mx_quant_dual_axis(h, ends, **glu_kwargs, backend=backend)
+            w2q = quantize_mx_rowwise(w2.transpose(-2, -1))  # [E, d, H]: blocks along H
+            out = _mm_rows(path, act[:2], w2q, ends, offs)  # GEMM 2
+            saved = act[2:]  # y2, mxscale2: the wgrad operand of W2
+            if capture is not None:
+                capture.update(gemm=path, h=h, act=act, w2q=w2q)
+        else:
+            glu = _api.mx_glu_params(True, interleaved, limit, alpha, bias)
+            act = _fwd_stage1.stage1(h, glu)
+            out = _grouped_mm(act, w2, offs)
+            saved = (act,)
+        ctx.save_for_backward(x, w1, w2, ends, h, *saved)
+        ctx.glu_kwargs, ctx.quantize, ctx.backend, ctx.path = glu_kwargs, quantize, backend, path
+        ctx.capture = capture
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        x, w1, w2, ends, h, *saved = ctx.saved_tensors
+        need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
+        dout = dout.to(_BF16).contiguous()
+        offs = ends.to(torch.int32)
+        dx = dw1 = dw2 = None
+        if not ctx.quantize:
+            (act,) = saved
+            glu = _api.mx_glu_params(True, **ctx.glu_kwargs)
+            if need_w2:
+                dw2 = _grouped_mm(act.t(), dout, offs)
+            if need_x or need_w1:
+                dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)
+                dh = _bwd_stage1.stage1(h, dact, glu)
+                dx = _grouped_mm(dh, w1.transpose(-2, -1), offs) if need_x else None
+                dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
+            return dx, dw1, dw2, *([None] * 9)
+
+        path, capture = ctx.path, ctx.capture
+        blocks = _token_blocks(ends, x.shape[0])
+        if need_w2:
+            doutq = _quantize_token_axis(dout, ends, blocks)
+            dw2 = _mm_tokens(path, tuple(saved), doutq, ends, offs, blocks)  # GEMM 4
+            if capture is not None:
+                capture.update(doutq=doutq)
+        if need_x or need_w1:
+            dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)  # GEMM 3, bf16
+            dh = _fused_backward(h, dact, ends, ctx.glu_kwargs, ctx.backend)
+            if capture is not None:
+                capture.update(dact=dact, dh=dh)
+            if need_x:
+                w1q = quantize_mx_rowwise(w1)  # [E, d, 2H]: blocks along 2H
+                dx = _mm_rows(path, dh[:2], w1q, ends, offs)  # GEMM 5
+                if capture is not None:
+                    capture.update(w1q=w1q)
+            if need_w1:
+                xq = _quantize_token_axis(x, ends, blocks)
+                dw1 = _mm_tokens(path, xq, dh[2:], ends, offs, blocks)  # GEMM 6
+                if capture is not None:
+                    capture.update(xq=xq)
+        if capture is not None:
+            capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2)
+        return dx, dw1, dw2, *([None] * 9)
+
+
+def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm) -> None:
+    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != _BF16:
+            raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+    if x.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
+        raise ValueError(
+            f"expected x [T, d], w1 [E, d, 2H], w2 [E, H, d]; got {tuple(x.shape)}, {tuple(w1.shape)}, "
+            f"{tuple(w2.shape)}"
+        )
+    e, d, two_h = w1.shape
+    if x.shape[1] != d or tuple(w2.shape) != (e, two_h // 2, d):
+        raise ValueError(
+            f"w1 [E, d, 2H] = {tuple(w1.shape)} needs x [T, {d}] and w2 [{e}, {two_h // 2}, {d}]; got "
+            f"{tuple(x.shape)} and {tuple(w2.shape)}"
+        )
+    if two_h % 64 != 0 or d % 8 != 0:
+        raise ValueError(f"2H must be a multiple of 64 and d of 8, got 2H = {two_h}, d = {d}")
+    if not isinstance(group_ends, torch.Tensor) or group_ends.dtype not in (torch.int64, torch.int32):
+        raise TypeError("group_ends must be an int64 or int32 tensor of cumulative token ends")
+    if group_ends.dim() != 1 or group_ends.numel() != e:
+        raise ValueError(
+            f"group_ends must be 1-D with one cumulative token end per expert ({e}), got shape "
+            f"{tuple(group_ends.shape)}"
+        )
+    _api._check_device(x, w1=w1, w2=w2, group_ends=group_ends)
+    _api.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
+    _api.mx_glu_params(True, interleaved, limit, alpha, bias)
+    if not isinstance(quantize, bool):
+        raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+
+
+def mxfp8_expert_mlp(
+    x,
+    w1,
+    w2,
+    group_ends,
+    *,
+    limit=None,
+    alpha=None,
+    bias=None,
+    interleaved=False,
+    quantize=True,
+    backend="auto",
+    gemm="auto",
+    capture: dict | None = None,
+):
+    """``SwiGLU(x @ w1[e]) @ w2[e]`` per expert, with the MXFP8 GEMMs of the module docstring.
+
+    Args:
+        x: ``[T, d]`` bf16, the tokens sorted by expert.
+        w1: ``[E, d, 2H]`` bf16: gate | up (chunked halves), or interleaved gate/up columns with
+            ``interleaved=True`` (GPT-OSS). ``2H % 64 == 0``, ``d % 8 == 0``.
+        w2: ``[E, H, d]`` bf16.
+        group_ends: ``[E]`` int64/int32 cumulative token ends (non-decreasing, last == T): expert e has rows
+            ``[group_ends[e-1], group_ends[e])``; empty experts allowed. ``torch._grouped_mm``'s ``offs``
+            are the same numbers (``counts.cumsum(0)``).
+        limit, alpha, bias, interleaved: the GPT-OSS clipped SwiGLU (e.g. 7.0, 1.702, 1.0, True), passed to
+            both fused operators; default CANN's plain SwiGLU ``silu(gate) * up``.
+        quantize: False gives the bf16 baseline (same GEMMs and activation math, nothing quantised).
+        backend: backend of the fused operators ("auto", "reference", "cpu", "triton").
+        gemm: "auto", "emulated", "scaled_grouped_mm" or "scaled_mm" (module docstring).
+        capture: a dict to receive the intermediate tensors (``h``, ``act``, ``w2q``, ``dact``, ``dh``,
+            ``w1q``, ``xq``, ``doutq``, ``dout``, ``dx``, ``dw1``, ``dw2``, ``gemm``); eager mode only.
+
+    Returns:
+        ``[T, d]`` bf16. Differentiable with respect to x, w1 and w2 (never group_ends); no double backward.
+    """
+    _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm)
+    return _ExpertMLPFunction.apply(
+        x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture
+    )
+
+
+class MXFP8ExpertMLP(torch.nn.Module):
+    """The expert MLPs of an MoE layer (``E`` experts, ``d_model -> 2H -> d_model``) on the fused MX SwiGLU
+    operators and MXFP8 GEMMs (:func:`mxfp8_expert_mlp`; which operand is MXFP8 where: the module docstring
+    of :mod:`swiglu_ops.expert_mlp`).
+
+    Parameters ``w1 [E, d, 2H]`` (gate | up, or interleaved for GPT-OSS) and ``w2 [E, H, d]``, kept in
+    ``dtype`` (fp32 master weights by default) and cast to bf16 in ``forward``. ``forward(x, group_ends)``
+    takes the tokens sorted by expert (any float dtype, cast to bf16) and the cumulative token ends per
+    expert; it returns ``[T, d]`` bf16. ``MXFP8ExpertMLP(..., limit=7.0, alpha=1.702, bias=1.0,
+    interleaved=True)`` is GPT-OSS's expert MLP (without its linear biases); ``quantize=False`` the bf16
+    baseline.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        d_model: int,
+        hidden: int,
+        *,
+        limit: float | None = None,
+        alpha: float | None = None,
+        bias: float | None = None,
+        interleaved: bool = False,
+        quantize: bool = True,
+        backend: str = "auto",
+        gemm: str = "auto",
+        device=None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        if hidden % 32 or d_model % 8:
+            raise ValueError(f"hidden must be a multiple of 32 and d_model of 8, got {hidden}, {d_model}")
+        _api.mx_glu_params(True, interleaved, limit, alpha, bias)  # errors here, naming the argument
+        if gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+        kw = dict(device=device, dtype=dtype)
+        self.w1 = torch.nn.Parameter(torch.empty(num_experts, d_model, 2 * hidden, **kw))
+        self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden, d_model, **kw))
+        self.limit, self.alpha, self.bias, self.interleaved = limit, alpha, bias, interleaved
+        self.quantize, self.backend, self.gemm = quantize, backend, gemm
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``N(0, 1 / fan_in)`` weights (fan_in = d for w1, H for w2)."""
+        with torch.no_grad():
+            self.w1.normal_(0.0, 1.0 / math.sqrt(self.w1.shape[1]))
+            self.w2.normal_(0.0, 1.0 / math.sqrt(self.w2.shape[1]))
+
+    def forward(self, x: torch.Tensor, group_ends: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
+        return mxfp8_expert_mlp(
+            x.to(_BF16), self.w1.to(_BF16), self.w2.to(_BF16), group_ends, limit=self.limit,
+            alpha=self.alpha, bias=self.bias, interleaved=self.interleaved, quantize=self.quantize,
+            backend=self.backend, gemm=self.gemm, capture=capture,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        e, d, two_h = self.w1.shape
+        glu = "" if self.limit is None else f", limit={self.limit}, alpha={self.alpha}, bias={self.bias}"
+        return (
+            f"experts={e}, d_model={d}, hidden={two_h // 2}{glu}, interleaved={self.interleaved}, "
+            f"quantize={self.quantize}, backend={self.backend!r}, gemm={self.gemm!r}"
+        )
+
+
+# ------------------------------------------------------------------------------------ float64 reference
+
+
+def expert_mlp_reference(x, w1, w2, group_ends, *, limit=None, alpha=None, bias=None, interleaved=False):
+    """The same expert MLP as plain differentiable torch ops in the inputs' dtype (use float64): no
+    quantisation, no intermediate rounding. GPT-OSS: ``min(g, L) * sigmoid(alpha * min(g, L)) *
+    (clip(u, -L, L) + bias)``. For checks and the demo."""
+    outs = []
+    for g, (s, e) in enumerate(_ranges(group_ends)):
+        h = x[s:e] @ w1[g]
+        gate, up = (h[:, ::2], h[:, 1::2]) if interleaved else h.chunk(2, dim=-1)
+        if limit is None:
+            act = torch.nn.functional.silu(gate) * up
+        else:
+            gate = gate.clamp(max=limit)
+            act = gate * torch.sigmoid(alpha * gate) * (up.clamp(-limit, limit) + bias)
+        outs.append(act @ w2[g])
+    return torch.cat([x.new_zeros(0, w2.shape[-1]), *outs])
