@@ -29,51 +29,85 @@ typedef struct {
 
 /* ------------------------------------------------------------------------------------------ stage 1 */
 
-/* Rows of a task: the rounded GLU results into ``tile`` (row stride ``ts`` elements, output-column order)
-   and the running amax of their magnitude bits per tile column into ``col_amax``. Lanes past the task's
-   pairs are stored as +0 up to the next 32 columns, so that a partial block reads zeros. */
+/* 16 pairs of one row of a task's stage 1: the rounded GLU results as stored bits into the tile row ``t``
+   (output-column order) and the running amax of their magnitude bits per tile column into ``col_amax``.
+   ``xa``/``xb``: the row's A and B halves (chunked: from the task's first pair; interleaved: ``xa`` the
+   row's first pair, ``xb`` unused); ``ta``/``tb``: where A's and B's results go in the tile row (chunked);
+   ``m``: the pairs that exist. A constant full ``m`` gives plain loads and stores. */
+INLINE void mx_stage1_vec(const glu_consts *c, const char *xa, const char *xb, const char *dy, char *t,
+                          uint32_t *col_amax, int64_t q, int64_t ta, int64_t tb, int a_index, vm m, const int dt,
+                          const int bwd, const int inter, const int clipped) {
+    const vu mag = u_set(dt == SWIGLU_FP32 ? 0x7FFFFFFFu : 0x7FFFu);
+    vu ab, bb;
+    if (inter) {
+        vu even, odd;
+        ld_bits_pairs(xa, q, dt, m, &even, &odd);
+        ab = a_index ? odd : even;
+        bb = a_index ? even : odd;
+    } else {
+        ab = ld_bits(xa, q, dt, m);
+        bb = ld_bits(xb, q, dt, m);
+    }
+    const vf av = widen(ab, dt), bv = widen(bb, dt);
+    if (!bwd) { /* lanes past the pairs store +0, up to the next 32 columns */
+        const vu y = u_sel(m, narrow(glu_fwd(c, av, ab, bv, clipped, 0, dt), dt), u_zero());
+        st_bits(t, q, y, dt, m_all());
+        u_store32(col_amax + q, u_max(u_load32(col_amax + q, m_all()), u_and(y, mag)), m_all());
+        return;
+    }
+    vf ga, gb;
+    glu_bwd(c, av, ab, bv, ld(dy, q, dt, m), clipped, 0, dt, &ga, &gb);
+    const vu ya = narrow(ga, dt), yb = narrow(gb, dt);
+    if (inter) { /* one segment: A and B at their own columns */
+        const vu even = a_index ? yb : ya, odd = a_index ? ya : yb;
+        st_bits_pairs(t, q, even, odd, dt, m);
+        vu ce, co;
+        u_load32_pairs(col_amax + 2 * q, m, &ce, &co);
+        u_store32_pairs(col_amax + 2 * q, u_max(ce, u_and(even, mag)), u_max(co, u_and(odd, mag)), m);
+        return;
+    }
+    st_bits(t, ta + q, ya, dt, m); /* two segments: x's left half first */
+    st_bits(t, tb + q, yb, dt, m);
+    u_store32(col_amax + ta + q, u_max(u_load32(col_amax + ta + q, m), u_and(ya, mag)), m);
+    u_store32(col_amax + tb + q, u_max(u_load32(col_amax + tb + q, m), u_and(yb, mag)), m);
+}
+
+/* Rows of a task: mx_stage1_vec over the task's pairs, full vectors first. The forward stores +0 past its
+   pairs up to the next 32 columns, so that a partial block reads zeros. */
 INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
                       uint32_t *col_amax, const int dt, const int bwd, const int inter, const int clipped) {
     const swiglu_mx_args *a = job->a;
     const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
     const int a_index = a->glu.a_index;
     const glu_consts c = glu_setup(&a->glu, &job->act, &job->act);
-    const vu mag = u_set(dt == SWIGLU_FP32 ? 0x7FFFFFFFu : 0x7FFFu);
     const int64_t span = bwd ? w : (w + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK; /* pairs to store */
+    const int64_t full = w / 16 * 16;
+    /* chunked: A's and B's first pair in the row, and their tile segments (x's left half first) */
+    const int64_t xa = inter ? 2 * p0 : p0 + a_index * half, xb = p0 + (1 - a_index) * half;
+    const int64_t ta = a_index * MX_CHUNK, tb = (1 - a_index) * MX_CHUNK;
     for (int64_t i = 0; i < blk->nrows; i++) {
         const int64_t row = blk->b * a->m + blk->row0 + i;
         const char *x = (const char *)a->x + row * a->cols * es;
-        const char *dy = bwd ? (const char *)a->dy + row * half * es : NULL;
+        const char *dy = bwd ? (const char *)a->dy + (row * half + p0) * es : NULL;
         char *t = (char *)tile + i * ts * es;
-        for (int64_t q = 0; q < span; q += 16) {
-            const vm m = m_lanes(w - q); /* pairs that exist */
-            vu ab, bb;
-            ld_ab(x, half, p0 + q, inter, a_index, dt, m, &ab, &bb);
-            const vf av = widen(ab, dt), bv = widen(bb, dt);
-            if (!bwd) {
-                const vu y = u_sel(m, narrow(glu_fwd(&c, av, ab, bv, clipped, 0, dt), dt), u_zero());
-                st_bits(t, q, y, dt, m_all());
-                u_store32(col_amax + q, u_max(u_load32(col_amax + q, m_all()), u_and(y, mag)), m_all());
-                continue;
-            }
-            vf ga, gb;
-            glu_bwd(&c, av, ab, bv, ld(dy, p0 + q, dt, m), clipped, 0, dt, &ga, &gb);
-            const vu ya = narrow(ga, dt), yb = narrow(gb, dt);
-            if (inter) { /* one segment: A and B at their own columns */
-                const vu even = a_index ? yb : ya, odd = a_index ? ya : yb;
-                st_bits_pairs(t, q, even, odd, dt, m);
-                vu ce, co;
-                u_load32_pairs(col_amax + 2 * q, m, &ce, &co);
-                u_store32_pairs(col_amax + 2 * q, u_max(ce, u_and(even, mag)), u_max(co, u_and(odd, mag)), m);
-            } else { /* two segments: the left half's gradient first */
-                const vu left = a_index ? yb : ya, right = a_index ? ya : yb;
-                st_bits(t, q, left, dt, m);
-                st_bits(t, MX_CHUNK + q, right, dt, m);
-                u_store32(col_amax + q, u_max(u_load32(col_amax + q, m), u_and(left, mag)), m);
-                uint32_t *cr = col_amax + MX_CHUNK + q;
-                u_store32(cr, u_max(u_load32(cr, m), u_and(right, mag)), m);
+        /* Prefetch the row after next: a task reads 2-3 short row segments per row, more streams than the
+           hardware prefetchers follow. */
+        if (i + 2 < blk->nrows) {
+            const char *x2 = x + 2 * a->cols * es, *dy2 = bwd ? dy + 2 * half * es : NULL;
+            const int64_t bytes = (inter ? 2 * w : w) * es;
+            for (int64_t o = 0; o < bytes; o += 64) {
+                __builtin_prefetch(x2 + xa * es + o);
+                if (!inter) __builtin_prefetch(x2 + xb * es + o);
+                if (bwd) __builtin_prefetch(dy2 + o);
             }
         }
+        int64_t q = 0;
+        for (; q < full; q += 16)
+            mx_stage1_vec(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, ta, tb, a_index, m_all(), dt, bwd,
+                          inter, clipped);
+        for (; q < span; q += 16)
+            mx_stage1_vec(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, ta, tb, a_index, m_lanes(w - q), dt,
+                          bwd, inter, clipped);
     }
 }
 

@@ -260,11 +260,15 @@ INLINE vw fp8x32_code(const fp8x32_format *c, const fp8x32_values *p, vw q, vw k
     const vw one = w_set(1);
     /* normal results: the rounded source plus the exponent offset */
     const vw code_n = w_add(p->r, w_shl(w_sub(w_set(c->kd), q), c->mbits));
-    /* subnormal results: RNE(mant >> s), s = S - E - d = q - E (at most 16: the result is 0 from there) */
-    const vw s = w_min(w_sub(q, p->e), w_set(16));
-    const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
-    const vw code_s = w_shrv(w_add(w_add(p->mant, rh), w_and(w_shrv(p->mant, s), one)), s);
-    const vw code = w_sel(w_ge_s(code_n, w_set(c->normal)), w_min(code_n, w_set(c->max_code)), code_s);
+    const vwm normal = w_ge_s(code_n, w_set(c->normal));
+    vw code = w_min(code_n, w_set(c->max_code));
+    if (!wm_all(wm_or(normal, p->zero), w_lanes(32))) {
+        /* subnormal results: RNE(mant >> s), s = S - E - d = q - E (at most 16: the result is 0 from there) */
+        const vw s = w_min(w_sub(q, p->e), w_set(16));
+        const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
+        const vw code_s = w_shrv(w_add(w_add(p->mant, rh), w_and(w_shrv(p->mant, s), one)), s);
+        code = w_sel(normal, code, code_s);
+    }
     *ok = wm_or(wm_or(p->zero, w_eq(keep, w_set(0))), w_ge_u(p->e, one));
     return w_and(w_or(w_sel(p->zero, w_set(0), code), p->sign), keep);
 }
