@@ -3,9 +3,12 @@
 SwiGLU math. Registers and shared memory per kernel are printed (``pytest -s``) and recorded in
 docs/triton_backend.md.
 
-Specializations: the dispatch's constexprs (dtype, optional inputs, tile, grouped or not) on contiguous,
-16-byte aligned tensors with sizes that are multiples of 16 (Triton's fast path), plus one unaligned variant
-per kernel (Triton re-specializes pointers and sizes on 16-byte divisibility).
+Specializations: every value of every constexpr the dispatch sets (dtype, optional inputs, tile, grouped
+or not, direction, layout, clipped variant and clamp_mode, element format, scale rule, round mode, y2
+layout, HW_CVT),
+each at least once, on contiguous, 16-byte aligned tensors with sizes that are multiples of 16 (Triton's
+fast path), plus unaligned variants (Triton re-specializes pointers and sizes on 16-byte divisibility) at the
+launchers' options for them (narrow MX tile, no register budget).
 
 Run by tests/test_triton_compile.py in a child pytest process: the CPU suite runs Triton in interpreter
 mode, and Triton fixes the mode at import time.
@@ -65,48 +68,144 @@ def _group_grad_specs():
                     name = f"group_grad[{dt},w={int(has_weight)},mask={int(has_mask)}"
                     name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
                     attrs = _attrs(fn, [*ptrs, "hidden"]) if aligned else {}
-                    yield name, fn, sig, {**consts, "HW_CVT": hw}, attrs, backend.GROUP_GRAD_NUM_WARPS
+                    expect = {"rcp_rn"} | ({"cvt_bf16"} if dt == "bf16" else set())
+                    options = {"num_warps": backend.GROUP_GRAD_NUM_WARPS}
+                    yield name, fn, sig, {**consts, "HW_CVT": hw}, attrs, options, expect if hw else set()
 
 
-def _mx_specs():
+def _mx_bwd_specs():
     fn = _kernels.swiglu_bwd_mx_quant_kernel
-    # E4M3 + RCEIL (the defaults) for every dtype; the other FP8 format and scale rule are constexprs too
-    # (they pick the hardware cvt and the scale formula), compiled once each on bf16.
-    combos = [(dt, grouped, False, 1) for dt in _DTYPES for grouped in (False, True)]
-    combos += [("bf16", True, True, 1), ("bf16", False, False, 0)]
-    for dt, grouped, e5m2, scale_alg in combos:
+    # E4M3 + RCEIL + CANN's plain chunked SwiGLU (the defaults) for every dtype; the other FP8 format and
+    # scale rule are constexprs too (they pick the hardware cvt and the scale formula), compiled once each
+    # on bf16; the GLU variants (interleaved layout, clipped stage 1) on every dtype (grouped).
+    plain = [(dt, grouped, False, 1, False, False) for dt in _DTYPES for grouped in (False, True)]
+    combos = plain + [("bf16", True, True, 1, False, False), ("bf16", False, False, 0, False, False)]
+    combos += [("bf16", True, False, 1, True, False), ("bf16", True, False, 1, False, True)]
+    combos += [(dt, True, False, 1, True, True) for dt in _DTYPES]
+    combos = [(*c, False) for c in combos]
+    combos += [("bf16", True, False, 1, False, False, True)]
+    combos += [(dt, True, False, 1, True, True, True) for dt in _DTYPES]
+    for dt, grouped, e5m2, scale_alg, inter, clipped, transpose in combos:
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
-               "a_col": "i32", "inv_max": "fp32", "emax": "i32", "mbits": "i32",
-               "bias": "i32", "max_code": "i32",
-               "GROUPED": "constexpr", "BLOCK_N": "constexpr", "GROUP_CHUNK": "constexpr",
-               "E5M2": "constexpr", "SCALE_ALG": "constexpr", "HW_CVT": "constexpr"}  # fmt: skip
-        consts = {k: None for k, v in sig.items() if v == "constexpr"}
+               "a_index": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
+               "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
+               **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
+                                "SCALE_ALG", "TRANSPOSE_Y2", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
+        variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
+        variant += ",transpose_y2" if transpose else ""
         # The integer conversions (the default) everywhere; the opt-in hardware conversions (HW_CVT) on the
         # aligned bf16 variants.
         cases = [(True, False), (True, True)] if dt == "bf16" else [(True, False)]
-        if (dt, grouped, variant) == ("bf16", True, ""):
+        if dt == "bf16" and grouped and variant in ("", ",interleaved,clipped"):
             cases.append((False, False))
         for aligned, hw in cases:
             name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
-            attrs = _attrs(fn, [*ptrs, "n", "a_col"]) if aligned else {}
+            attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             # The launcher narrows the tile for tensors that are not 16-byte aligned.
             block_n = backend.MX_BLOCK_N if aligned else min(backend.MX_BLOCK_N, backend.MX_BLOCK_N_UNALIGNED)
-            consts = {**consts, "GROUPED": grouped, "BLOCK_N": block_n, "GROUP_CHUNK": backend.MX_GROUP_CHUNK,
-                      "E5M2": e5m2, "SCALE_ALG": scale_alg, "HW_CVT": hw}  # fmt: skip
-            yield name, fn, sig, consts, attrs, backend.MX_NUM_WARPS
+            consts = {k: None for k, v in sig.items() if v == "constexpr"}
+            consts.update(GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
+                          INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
+                          TRANSPOSE_Y2=transpose, HW_CVT=hw)  # fmt: skip
+            expect = {"rcp_rn", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
+            options = {"num_warps": backend.MX_NUM_WARPS}
+            yield name, fn, sig, consts, attrs, options, expect if hw else set()
 
 
-SPECS = {name: spec for name, *spec in (*_group_grad_specs(), *_mx_specs())}
+# (format, scale_alg, round mode): the FP8 defaults, the other FP8 format and scale rule, FP4 in every round
+# mode (E2M1 and E1M2 are the same code: their constants are runtime arguments).
+_FWD_E4M3 = ("e4m3", 1, "rint")
+_FWD_FORMATS = [("e5m2", 1, "rint"), ("e4m3", 0, "rint"), ("e2m1", 0, "rint"), ("e2m1", 0, "round"),
+                ("e2m1", 0, "floor")]  # fmt: skip
+
+
+def _mx_fwd_specs():
+    fn = _kernels.swiglu_mx_quant_kernel
+    combos = [(dt, grouped, _FWD_E4M3, False, False) for dt in _DTYPES for grouped in (False, True)]
+    combos += [("bf16", True, f, False, False) for f in _FWD_FORMATS]
+    combos += [(dt, True, ("e2m1", 0, "rint"), False, False) for dt in ("fp16", "fp32")]
+    combos += [("bf16", True, _FWD_E4M3, True, False), ("bf16", True, _FWD_E4M3, False, True)]
+    combos += [(dt, True, _FWD_E4M3, True, True) for dt in _DTYPES]
+    combos += [("bf16", True, ("e2m1", 0, "floor"), True, True)]
+    combos = [(*c, False) for c in combos] + [("bf16", True, _FWD_E4M3, False, False, True)]
+    for dt, grouped, (fmt, scale_alg, mode), inter, clipped, transpose in combos:
+        sig = {"x_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
+               "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
+               "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
+               "s1_slots": "i32", "a_index": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
+               "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
+               **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
+                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "HW_CVT"),
+                               "constexpr")}  # fmt: skip
+        ptrs = [k for k, v in sig.items() if v.startswith("*")]
+        fp4 = fmt == "e2m1"
+        variant = f",{fmt}" + (f",round={mode}" if fp4 else "" if scale_alg else ",floor")
+        variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
+        variant += ",transpose_y2" if transpose else ""
+        cases = [(True, False)]
+        if dt == "bf16" and grouped and (not fp4 or mode == "floor"):
+            cases.append((True, True))
+        if dt == "bf16" and grouped and (variant == ",e4m3" or (fp4 and inter)):
+            cases.append((False, False))
+        for aligned, hw in cases:
+            name = f"mx_quant[{dt},grouped={int(grouped)}{variant}"
+            name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
+            attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
+            block_n = backend.MX_BLOCK_N if aligned else min(backend.MX_BLOCK_N, backend.MX_BLOCK_N_UNALIGNED)
+            consts = {k: None for k, v in sig.items() if v == "constexpr"}
+            consts.update(GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
+                          INTERLEAVED=inter, CLIPPED=clipped, MODE=0, FP4=fp4, E5M2=fmt == "e5m2",
+                          SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
+                          HW_CVT=hw)  # fmt: skip
+            # FP4 codes have no hardware conversion; the forward divides (div.rn) and has no reciprocal.
+            expect = ({"cvt_bf16"} if dt == "bf16" else set()) | (set() if fp4 else {"cvt_fp8"})
+            options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_fwd_maxnreg(aligned)}
+            yield name, fn, sig, consts, attrs, options, expect if hw else set()
+
+
+def _clipped_specs():
+    fn = _kernels.clipped_swiglu_kernel
+    combos = [(dt, bwd, inter, mode, True) for dt in _DTYPES for bwd in (False, True)
+              for inter in (False, True) for mode in (0, 1)]  # fmt: skip
+    combos += [("bf16", bwd, inter, 0, False) for bwd in (False, True) for inter in (False, True)]
+    for dt, bwd, inter, mode, has_mask in combos:
+        sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}" if bwd else "constexpr",
+               "valid_ptr": "*i64" if has_mask else "constexpr", "out_ptr": f"*{dt}",
+               "rows": "i32", "half": "i32", "n_chunks": "i32", "a_index": "i32",
+               "alpha": "fp32", "limit": "fp32", "bias": "fp32",
+               **dict.fromkeys(("BACKWARD", "INTERLEAVED", "MODE", "HAS_MASK", "ROWS", "BLOCK", "HW_CVT"),
+                               "constexpr")}  # fmt: skip
+        ptrs = [k for k, v in sig.items() if v.startswith("*")]
+        cases = [(True, False)]
+        if dt == "bf16" and has_mask and inter:
+            cases += [(True, True)] + ([(False, False)] if mode == 0 else [])
+        for aligned, hw in cases:
+            name = f"clipped_swiglu[{dt},{'bwd' if bwd else 'fwd'},mode={mode}"
+            name += (",interleaved" if inter else "") + ("" if has_mask else ",no_mask")
+            name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
+            attrs = _attrs(fn, [*ptrs, "half"]) if aligned else {}
+            consts = {k: None for k, v in sig.items() if v == "constexpr"}
+            consts.update(BACKWARD=bwd, INTERLEAVED=inter, MODE=mode, HAS_MASK=has_mask,
+                          ROWS=backend.CLIPPED_ROWS, BLOCK=backend.CLIPPED_BLOCK, HW_CVT=hw)  # fmt: skip
+            expect = ({"rcp_rn"} if bwd else set()) | ({"cvt_bf16"} if dt == "bf16" else set())
+            options = {"num_warps": backend.CLIPPED_NUM_WARPS}
+            yield name, fn, sig, consts, attrs, options, expect if hw else set()
+
+
+SPECS = {
+    name: spec
+    for name, *spec in (*_group_grad_specs(), *_clipped_specs(), *_mx_fwd_specs(), *_mx_bwd_specs())
+}
 
 
 def _compile(name: str, arch: int) -> dict:
     """Compile one specialization; returns its resources from ptxas's log and the PTX checks."""
-    fn, sig, consts, attrs, num_warps = SPECS[name]
+    fn, sig, consts, attrs, options, expect = SPECS[name]
     triton.knobs.compilation.always_compile = True  # a cache hit would skip ptxas and its log
     triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v output, printed by Triton's compiler
     log = io.StringIO()
@@ -114,7 +213,7 @@ def _compile(name: str, arch: int) -> dict:
         kernel = triton.compile(
             ASTSource(fn, sig, consts, attrs),
             target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": num_warps, **backend.LAUNCH_OPTIONS},
+            options={**options, **backend.LAUNCH_OPTIONS},
         )
     usage = re.search(r"Used (\d+) registers", log.getvalue())
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.getvalue())
@@ -123,13 +222,15 @@ def _compile(name: str, arch: int) -> dict:
     return {
         "name": name, "arch": arch, "registers": int(usage.group(1)), "shared": kernel.metadata.shared,
         "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2)),
-        "stack": int(stack.group(1)), "num_warps": num_warps,
+        "stack": int(stack.group(1)), "num_warps": options["num_warps"],
         # An FMA of the spec's math would be a non-flushing fp32 fma; libdevice's exp uses fma.rn.ftz only.
         "contracted_fma": len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
         "approx_div": len(re.findall(r"\b(?:div|rcp)\.(?:full|approx)\.", ptx)),
         # The GPU paths (docs/triton_backend.md): rcp.rn in the sigmoid, hardware bf16 and FP8 conversions.
         "rcp_rn": len(re.findall(r"\brcp\.rn\.f32\b", ptx)),
         "cvt_fp8": len(re.findall(r"\bcvt\.rn\.satfinite\.e[45]m[23]x2\.f32\b", ptx)),
+        "cvt_bf16": len(re.findall(r"\bcvt\.rn\.bf16(?:x2)?\.f32\b", ptx)),
+        "expect": sorted(expect),
         "ftz_arith": len(re.findall(r"\b(?:mul|add|sub)\.\w+\.ftz\.f32\b", ptx)),
     }  # fmt: skip
 
@@ -139,9 +240,9 @@ def compiled():
     jobs = [(name, arch) for name in SPECS for arch in ARCHS]
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
         results = list(pool.map(_compile, *zip(*jobs, strict=True)))
-    print(f"\n{'kernel':<48} {'sm':>4} {'warps':>5} {'regs':>5} {'spill':>6} {'smem':>6}")
+    print(f"\n{'kernel':<64} {'sm':>4} {'warps':>5} {'regs':>5} {'spill':>6} {'smem':>6}")
     for r in results:
-        print(f"{r['name']:<48} {r['arch']:>4} {r['num_warps']:>5} {r['registers']:>5} "
+        print(f"{r['name']:<64} {r['arch']:>4} {r['num_warps']:>5} {r['registers']:>5} "
               f"{r['spill_stores'] + r['spill_loads']:>6} {r['shared']:>6}")  # fmt: skip
     return results
 
@@ -167,20 +268,23 @@ def test_swiglu_math_is_not_contracted(compiled):
 
 
 def test_conversion_paths_follow_hw_cvt(compiled):
-    """With HW_CVT (opt-in) every kernel divides with rcp.rn.f32 and the quantizer encodes FP8 with the
-    hardware satfinite cvt; without it (the default) neither instruction appears: the integer paths run."""
+    """With HW_CVT (opt-in) every kernel uses the hardware conversions it has: rcp.rn.f32 where it forms a
+    reciprocal (the backward sigmoids), cvt.rn.bf16(x2) for bf16 values, the satfinite FP8 cvt for FP8 codes
+    (FP4 codes have none); without it (the default) none of them appears: the integer paths run."""
+    paths = ("rcp_rn", "cvt_fp8", "cvt_bf16")
     hw = [r for r in compiled if "hw_cvt" in r["name"]]
-    assert {r["name"].split("[")[0] for r in hw} == {"group_grad", "bwd_mx_quant"}
-    assert all(r["rcp_rn"] for r in hw), [r["name"] for r in hw if not r["rcp_rn"]]
-    no_cvt = [r["name"] for r in hw if r["name"].startswith("bwd_mx") and not r["cvt_fp8"]]
-    assert not no_cvt, f"no hardware FP8 cvt in: {no_cvt}"
+    kernels = {"group_grad", "clipped_swiglu", "mx_quant", "bwd_mx_quant"}
+    assert {r["name"].split("[")[0] for r in hw} == kernels
+    assert all(r["expect"] for r in hw)
+    wrong = [(r["name"], p) for r in hw for p in paths if bool(r[p]) != (p in r["expect"])]
+    assert not wrong, f"hardware conversions not as expected: {wrong}"
     default = [r for r in compiled if "hw_cvt" not in r["name"]]
-    assert not [r["name"] for r in default if r["rcp_rn"] or r["cvt_fp8"]]
+    assert not [r["name"] for r in default if any(r[p] for p in paths)]
 
 
 def test_fma_check_can_fail():
     """The PTX check above does see contraction when the launch options allow it."""
-    fn, sig, consts, attrs, num_warps = SPECS["group_grad[bf16,w=0,mask=0]"]
+    fn, sig, consts, attrs, options, _ = SPECS["group_grad[bf16,w=0,mask=0]"]
     kernel = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps, "enable_fp_fusion": True})  # fmt: skip
+                            options={**options, "enable_fp_fusion": True})  # fmt: skip
     assert re.search(r"\bfma\.rn\.f32\b", kernel.asm["ptx"])

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 import swiglu_ops  # noqa: E402
 from swiglu_ops import _api, mx  # noqa: E402
 from swiglu_ops import triton as triton_backend  # noqa: E402
+from swiglu_ops.glu import SWIGLU  # noqa: E402
 from swiglu_ops.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -244,10 +245,10 @@ def test_mx_quant_clamps_invalid_device_group_ends(ends):
         b[pad:-pad].view(shape)
         for b, shape in zip(bufs, [(1, m, c), (1, m, c // 32), (1, m, c), (1, rows, c, 2)], strict=True)
     ]
-    triton_backend.swiglu_bwd_mx_quant(x, dy, ends_t, True, 1, mx.E4M3FN, *views)
+    triton_backend.swiglu_bwd_mx_quant(x, dy, ends_t, SWIGLU, 1, mx.E4M3FN, *views)
     want = [torch.zeros(v.shape, dtype=torch.uint8) for v in views]
     want[3].zero_()
-    reference_bwd_mx_quant(x.cpu(), dy.cpu(), ends_t.cpu(), True, 1, mx.E4M3FN, *want)
+    reference_bwd_mx_quant(x.cpu(), dy.cpu(), ends_t.cpu(), SWIGLU, 1, mx.E4M3FN, *want)
     for name, v, w in zip(("y1", "s1", "y2", "s2"), views, want, strict=True):
         _equal_codes(v.cpu(), w, name)
     covered = mx.clamp_group_ends(ends_t.cpu(), m)[-1][1]
@@ -258,6 +259,137 @@ def test_mx_quant_clamps_invalid_device_group_ends(ends):
     )
     for b in bufs:
         assert (b[:pad] == 0xA5).all() and (b[-pad:] == 0xA5).all(), "write out of bounds"
+
+
+# ------------------------------------------------------------------- swiglu_mx_quant_dual_axis (forward)
+
+
+def _mx_forward(x, gi=None, backend="triton", **kw):
+    out = swiglu_ops.swiglu_mx_quant_dual_axis(x, gi, backend=backend, **kw)
+    return [t.view(torch.uint8).cpu() for t in out]
+
+
+def _mx_forward_case(n, dtype, gen, m=70):
+    """Random activations plus NaN / inf / negative-zero / tiny entries (FP4 ``floor`` underflow)."""
+    x = _randn(m, 2 * n, dtype=dtype, scale=3.0, gen=gen).cpu()
+    x[1, 0] = torch.nan
+    x[m - 2, n - 1] = torch.inf
+    x[5, n:] = -0.0
+    x[9, : n // 2] = 1e-30 if dtype != torch.float16 else 1e-4
+    return x.to(DEVICE)
+
+
+FWD_FORMATS = [
+    {},
+    {"dst_dtype": torch.float8_e5m2, "scale_alg": 0},
+    {"dst_dtype": torch.float4_e2m1fn_x2, "round_mode": "floor"},
+    {"dst_dtype": swiglu_ops.float4_e1m2fn_x2, "round_mode": "round"},
+]
+FWD_GLU = [{}, {"interleaved": True, "limit": 7.0, "alpha": 1.702, "bias": 1.0}, {"activate_left": False}]
+# Every format and every GLU variant at least once (the full product is the reference tests' job).
+FWD_COMBOS = [{**FWD_FORMATS[i], **FWD_GLU[j]} for i, j in ((0, 0), (1, 2), (2, 1), (3, 0), (2, 2))]
+
+
+@pytest.mark.parametrize("block_n", [32, 128])
+@pytest.mark.parametrize("n", [20, 100])
+def test_mx_forward_tile_variants(monkeypatch, block_n, n):
+    """The tile widths the benchmark tunes over give the default tile's bytes (with an odd number of
+    32-column blocks the grid must still cover the mxscale1 pad slot), for every format and GLU variant,
+    with ragged and empty groups."""
+    gen = torch.Generator().manual_seed(block_n + n)
+    x = _mx_forward_case(n, torch.bfloat16, gen, m=40)
+    gi = torch.tensor([0, 13, 13, 40], device=DEVICE)
+    default = [_mx_forward(x, gi, **kw) for kw in FWD_COMBOS]
+    monkeypatch.setattr(triton_backend, "MX_BLOCK_N", block_n)
+    for kw, want in zip(FWD_COMBOS, default, strict=True):
+        for name, g, w in zip(
+            ("y1", "mxscale1", "y2", "mxscale2"), _mx_forward(x, gi, **kw), want, strict=True
+        ):
+            _equal_codes(g, w, f"{name} {kw}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mx_forward_unaligned_tensors(dtype):
+    """x at an address that is not 16-byte aligned: narrow tile, no register budget; same outputs as an
+    aligned copy, and as the reference within the contract (near ties only)."""
+    from _fwd_oracles import assert_forward_matches
+
+    gen = torch.Generator().manual_seed(17)
+    n = 66
+    x = _mx_forward_case(n, dtype, gen)
+    x_odd = torch.empty(x.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(x.shape)
+    x_odd.copy_(x)
+    assert x_odd.data_ptr() % 16 != 0
+    for kw in (FWD_FORMATS[0], FWD_FORMATS[2], {**FWD_FORMATS[0], **FWD_GLU[1]}):
+        want = _mx_forward(x, **kw)
+        for name, g, w in zip(
+            ("y1", "mxscale1", "y2", "mxscale2"), _mx_forward(x_odd, **kw), want, strict=True
+        ):
+            _equal_codes(g, w, f"{name} {kw}")
+        ref = swiglu_ops.swiglu_mx_quant_dual_axis(x.cpu(), backend="reference", **kw)
+        got = swiglu_ops.swiglu_mx_quant_dual_axis(x, backend="triton", **kw)
+        assert_forward_matches(
+            [t.cpu() for t in got], ref, "triton", kw.get("dst_dtype", torch.float8_e4m3fn)
+        )
+
+
+def test_mx_backward_interleaved_unaligned_and_tiles(monkeypatch):
+    """The GPT-OSS MX backward (interleaved, clipped) on unaligned tensors and every tuned tile width gives
+    the default tile's bytes."""
+    gen = torch.Generator().manual_seed(19)
+    m, c = 45, 192
+    x = _randn(m, c, dtype=torch.bfloat16, scale=4.0, gen=gen)
+    dy = _randn(m, c // 2, dtype=torch.bfloat16, gen=gen)
+    gi = torch.tensor([20, 45], device=DEVICE)
+    kw = {"interleaved": True, "limit": 7.0, "alpha": 1.702, "bias": 1.0}
+    want = [t.view(torch.uint8).cpu() for t in swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, gi, **kw)]
+    x_odd = torch.empty(m * c + 1, dtype=x.dtype, device=DEVICE)[1:].view(m, c)
+    x_odd.copy_(x)
+    runs = [(None, x_odd)] + [(b, x) for b in (32, 128)]
+    for block_n, xx in runs:
+        if block_n is not None:
+            monkeypatch.setattr(triton_backend, "MX_BLOCK_N", block_n)
+        got = swiglu_ops.swiglu_backward_mx_quant_dual_axis(xx, dy, gi, backend="triton", **kw)
+        for name, g, w in zip(("y1", "mxscale1", "y2", "mxscale2"), got, want, strict=True):
+            _equal_codes(g.view(torch.uint8).cpu(), w, f"{name} block_n={block_n}")
+
+
+# ------------------------------------------------------------------------ clipped_swiglu (+ its gradient)
+
+
+@pytest.mark.parametrize(("rows_per_tile", "block"), [(1, 32), (4, 64)])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, interleaved):
+    """Row tiles and pair chunks other than the default (rows cut into several chunks, a partial last one)
+    give the default tile's bits, both directions and clamp modes, with masked rows and special values;
+    the default tile matches the reference within the contract."""
+    gen = torch.Generator().manual_seed(rows_per_tile * block)
+    rows, half = 11, 70
+    x = _randn(rows, 2 * half, dtype=torch.bfloat16, scale=4.0, gen=gen).cpu()
+    x[0, :6] = torch.tensor([torch.nan, torch.inf, -torch.inf, 7.0, -7.0, 100.0])
+    x = x.to(DEVICE)
+    dy = _randn(rows, half, dtype=torch.bfloat16, gen=gen)
+    gi = torch.tensor([3, 5], device=DEVICE)
+    ops = torch.ops.swiglu_ops
+
+    def run(backend):
+        return [
+            swiglu_ops.clipped_swiglu(x, gi, interleaved=interleaved, clamp_mode=0, backend=backend),
+            swiglu_ops.clipped_swiglu(x, gi, interleaved=interleaved, clamp_mode=1, backend=backend),
+            swiglu_ops.clipped_swiglu_grad(dy, x, gi, interleaved=interleaved, backend=backend),
+            ops._clipped_swiglu_grad_mode1(
+                dy, x, gi, dim=-1, limit=7.0, interleaved=interleaved, backend=backend
+            ),
+        ]
+
+    default = run("triton")
+    for got, want in zip(default, run("reference"), strict=True):
+        _close_values(got.cpu(), want.cpu(), "default tile vs reference")
+    monkeypatch.setattr(triton_backend, "CLIPPED_ROWS", rows_per_tile)
+    monkeypatch.setattr(triton_backend, "CLIPPED_BLOCK", block)
+    for got, want in zip(run("triton"), default, strict=True):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        assert not got[gi.sum() :].view(torch.int16).any()  # rows past the valid count: +0.0
 
 
 # -------------------------------------------------------------------------------- swiglu_group_grad
