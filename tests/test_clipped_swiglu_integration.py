@@ -4,8 +4,6 @@ dual-axis MX backward (stage 1 equals clipped_swiglu_grad, then quantised as bef
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 from _compare import assert_bitwise_equal, assert_mx_matches
@@ -14,7 +12,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import swiglu_ops
 from swiglu_ops import _api
-from swiglu_ops.glu import GluParams
 
 ops = torch.ops.swiglu_ops
 CLIPPED = ops.clipped_swiglu.default
@@ -252,36 +249,6 @@ def test_module_compiles_fullgraph():
         got = grads(torch.compile(fn, fullgraph=True, backend=compile_backend))
         for g, w in zip(got, grads(fn), strict=True):
             assert_bitwise_equal(g, w, f"compiled ({compile_backend})")
-
-
-# ------------------------------------------------------------------------------------ backend resolution
-
-
-def test_backends_without_a_kernel_are_an_error_and_auto_takes_the_reference(monkeypatch):
-    """A named backend that lacks the kernel (or the GLU variant) raises NotImplementedError; "auto" takes
-    the fastest backend that has it. Without ``supports_glu`` a backend runs only the plain chunked SwiGLU
-    in its MX kernel."""
-    reference = _api._load("reference")
-    bare = types.SimpleNamespace(swiglu_bwd_mx_quant=lambda *a: None)
-    clipped = _api.glu_params(interleaved=True, clipped=True, alpha=1.702, limit=7.0, bias=1.0)
-    assert _api.supports(bare, "swiglu_bwd_mx_quant", GluParams(activate_left=False))
-    assert not _api.supports(bare, "swiglu_bwd_mx_quant", clipped)
-    assert not _api.supports(bare, "swiglu_bwd_mx_quant", GluParams(interleaved=True))
-    assert not _api.supports(bare, "clipped_swiglu")
-    assert _api.supports(reference, "swiglu_bwd_mx_quant", clipped) and _api.supports(
-        reference, "clipped_swiglu"
-    )
-
-    real = _api.resolve_backend
-    monkeypatch.setattr(_api, "resolve_backend", lambda b, d: bare if b in ("auto", "cpu") else real(b, d))
-    x = randn(4, 64, dtype=BF16)
-    with pytest.raises(NotImplementedError, match="backend 'cpu' does not implement clipped_swiglu"):
-        swiglu_ops.clipped_swiglu(x, backend="cpu")
-    with pytest.raises(NotImplementedError, match="backend 'cpu' does not implement swiglu_bwd_mx_quant for"):
-        swiglu_ops.swiglu_backward_mx_quant_dual_axis(
-            x, x[:, :32], limit=7.0, alpha=1.702, bias=1.0, interleaved=True, backend="cpu"
-        )
-    assert_bitwise_equal(swiglu_ops.clipped_swiglu(x), swiglu_ops.clipped_swiglu(x, backend="reference"), "y")
 
 
 # ------------------------------------------------------------------- MX backward with GPT-OSS arguments

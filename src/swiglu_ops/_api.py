@@ -21,11 +21,9 @@ normalised arguments (the *kernel contract*):
     Outputs (all uint8, contiguous): ``y1``/``y2`` [B, M, C] element codes, ``s1`` [B, M, C/32] row-wise
     scale codes in block order, ``s2`` [B, R, C, 2] column-wise scale codes, **already zero-filled**: the
     backend writes only the slots that a 32-row block maps to.
-    ``transpose_y2`` (keyword, a Python bool, default False; FP8 only): when True, ``y2`` is [B, C, M]
-    contiguous (token-contiguous: element (m, c) of the default layout is at ``y2[b, c, m]``), the same
-    codes; everything else is unchanged. The API passes it only when True, so a kernel without the
-    parameter runs every other call; a backend whose kernel lacks it does not support the option
-    (``resolve_kernel``: a named backend raises ``NotImplementedError``, "auto" takes the reference).
+    ``transpose_y2`` (keyword, a Python bool; FP8 only): when True, ``y2`` is [B, C, M] contiguous
+    (token-contiguous: element (m, c) of the default layout is at ``y2[b, c, m]``), the same codes;
+    everything else is unchanged.
 
 ``swiglu_mx_quant(x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False)``
     SwigluMxQuantWithDualAxis (swiglu_mx_quant.md): stage 1 ``act = glu forward(A, B)`` in fp32, rounded
@@ -58,12 +56,6 @@ normalised arguments (the *kernel contract*):
     extension (the exact derivative of the clamp_mode-1 forward, clipped_swiglu.md section 10), used only
     by the autograd module. Rows >= valid_rows are +0.0.
 
-``supports_glu(op, glu) -> bool`` (optional)
-    Whether the backend's kernel named ``op`` (``"swiglu_bwd_mx_quant"``) runs the GLU variant ``glu``.
-    Without it the backend's MX kernels run only CANN's plain chunked SwiGLU. A backend that lacks a kernel
-    (or a variant) is an error when named explicitly (``NotImplementedError``); ``"auto"`` then takes the
-    reference backend (:func:`resolve_kernel`).
-
 ``empty(shape, dtype) -> Tensor`` (optional)
     Allocates the outputs when the caller passes no ``out=`` (default ``torch.empty`` on the data's device).
 """
@@ -71,7 +63,6 @@ normalised arguments (the *kernel contract*):
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import numbers
 import warnings
@@ -150,49 +141,6 @@ def resolve_backend(backend: str, device: torch.device):
     if not ok:
         raise ValueError(f"backend {backend!r} is not available for {device} tensors: {why}")
     return _load(backend)
-
-
-def _plain_glu(glu: GluParams) -> bool:
-    return glu == GluParams(activate_left=glu.activate_left)
-
-
-def _has_parameter(fn, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # not introspectable
-        return False
-
-
-def supports(impl, op: str, glu: GluParams | None = None, *, transpose_y2: bool = False) -> bool:
-    """Whether backend module ``impl`` has kernel ``op`` and (if given) runs the GLU variant ``glu`` in it
-    (its ``supports_glu``; without one, only CANN's plain chunked SwiGLU), and, with ``transpose_y2``,
-    whether that kernel takes the ``transpose_y2`` argument (the token-contiguous y2 option)."""
-    kernel = getattr(impl, op, None)
-    if kernel is None:
-        return False
-    if transpose_y2 and not _has_parameter(kernel, "transpose_y2"):
-        return False
-    if glu is None:
-        return True
-    check = getattr(impl, "supports_glu", None)
-    return _plain_glu(glu) if check is None else bool(check(op, glu))
-
-
-def resolve_kernel(
-    backend: str, device: torch.device, op: str, glu: GluParams | None = None, *, transpose_y2: bool = False
-):
-    """:func:`resolve_backend`, for kernel ``op`` (and GLU variant ``glu``, and the ``transpose_y2``
-    option): ``"auto"`` takes the fastest available backend that implements it (the reference implements
-    everything); a named backend that does not is a ``NotImplementedError`` (never a silent fallback)."""
-    impl = resolve_backend(backend, device)
-    if supports(impl, op, glu, transpose_y2=transpose_y2):
-        return impl
-    if backend == "auto":
-        return resolve_backend("reference", device)
-    what = op if glu is None or _plain_glu(glu) else f"{op} for {glu}"
-    if transpose_y2:
-        what += " with transpose_y2=True"
-    raise NotImplementedError(f"backend {backend!r} does not implement {what} yet (backend='reference' does)")
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -751,7 +699,7 @@ def swiglu_backward_mx_quant_dual_axis(
     check_transpose_y2(transpose_y2, fmt)
     x, y_grad = _detached(x), _detached(y_grad)
     glu = mx_glu_params(activate_left, interleaved, limit, alpha, bias)
-    impl = resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu, transpose_y2=transpose_y2)
+    impl = resolve_backend(backend, x.device)
     specs = mx_output_specs(x, group_index, dst_dtype, transpose_y2)
     if out is None:
         outs = [_empty(impl, s, d, x.device) for s, d in specs]
@@ -763,7 +711,6 @@ def swiglu_backward_mx_quant_dual_axis(
     batch = math.prod(lead)
     if batch * m == 0:
         return y1, s1, y2, s2
-    extra = {"transpose_y2": True} if transpose_y2 else {}  # kernels without the option still run the rest
     impl.swiglu_bwd_mx_quant(
         x.reshape(batch, m, c).contiguous(),
         y_grad.reshape(batch, m, c // 2).contiguous(),
@@ -775,7 +722,7 @@ def swiglu_backward_mx_quant_dual_axis(
         s1.view(torch.uint8).view(batch, m, c // 32),
         y2.view(torch.uint8).view((batch, c, m) if transpose_y2 else (batch, m, c)),
         s2.view(torch.uint8).view(batch, s2.shape[-3], c, 2),
-        **extra,
+        transpose_y2=transpose_y2,
     )
     return y1, s1, y2, s2
 
@@ -869,7 +816,7 @@ def clipped_swiglu(
         return _copy_into_out(y, out)
     d, glu = validate_clipped_swiglu(x, group_index, **attrs)
     x = _detached(x)  # x requires grad only under no_grad here
-    impl = resolve_kernel(backend, x.device, "clipped_swiglu")
+    impl = resolve_backend(backend, x.device)
     shape = clipped_half_shape(x.shape, d)
     if out is None:
         y = _empty(impl, shape, x.dtype, x.device)
@@ -959,7 +906,7 @@ def _clipped_swiglu_grad(
         clamp_mode=clamp_mode, grad_y=grad_y, backward=True,
     )  # fmt: skip
     grad_y, x = _detached(grad_y), _detached(x)
-    impl = resolve_kernel(backend, x.device, "clipped_swiglu_grad")
+    impl = resolve_backend(backend, x.device)
     if out is None:
         grad_x = _empty(impl, x.shape, x.dtype, x.device)
     else:
@@ -1120,7 +1067,7 @@ def swiglu_mx_quant_dual_axis(
     )  # fmt: skip
     check_transpose_y2(transpose_y2, fmt)
     x = _detached(x)
-    impl = resolve_kernel(backend, x.device, "swiglu_mx_quant", glu, transpose_y2=transpose_y2)
+    impl = resolve_backend(backend, x.device)
     specs = mx_forward_output_specs(x, group_index, fmt, transpose_y2)
     if out is None:
         outs = [_empty(impl, s, d, x.device) for s, d in specs]
@@ -1133,7 +1080,6 @@ def swiglu_mx_quant_dual_axis(
     if batch * m == 0:
         return y1, s1, y2, s2
     width = y1.shape[-1]
-    extra = {"transpose_y2": True} if transpose_y2 else {}  # kernels without the option still run the rest
     impl.swiglu_mx_quant(
         x.reshape(batch, m, c).contiguous(),
         None if group_index is None else group_index.to(torch.int64).contiguous(),
@@ -1145,6 +1091,6 @@ def swiglu_mx_quant_dual_axis(
         s1.view(torch.uint8).view(batch, m, mx.mxscale1_slots(n)),
         y2.view(torch.uint8).view((batch, n, m) if transpose_y2 else (batch, m, width)),
         s2.view(torch.uint8).view(batch, s2.shape[-3], n, 2),
-        **extra,
+        transpose_y2=transpose_y2,
     )
     return y1, s1, y2, s2

@@ -148,8 +148,8 @@ def _swiglu_backward_mx_quant_dual_axis_fake(
         x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
     )
     _api.check_transpose_y2(transpose_y2, fmt)
-    glu = _api.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
-    _api.resolve_kernel(backend, x.device, "swiglu_bwd_mx_quant", glu, transpose_y2=transpose_y2)
+    _api.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+    _api.resolve_backend(backend, x.device)
     specs = _api.mx_output_specs(x, group_index, dst_dtype, transpose_y2)
     return tuple(x.new_empty(s, dtype=d) for s, d in specs)
 
@@ -210,7 +210,7 @@ def _clipped_swiglu_fake(
         x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
         clamp_mode=clamp_mode,
     )  # fmt: skip
-    _api.resolve_kernel(backend, x.device, "clipped_swiglu")
+    _api.resolve_backend(backend, x.device)
     return x.new_empty(_api.clipped_half_shape(x.shape, d))
 
 
@@ -240,7 +240,7 @@ def _clipped_grad_fake(grad_y, x, group_index, dim, limit, interleaved, backend,
     _api.validate_clipped_swiglu(
         x, group_index, dim=dim, limit=limit, interleaved=interleaved, grad_y=grad_y, backward=True, **glu
     )
-    _api.resolve_kernel(backend, x.device, "clipped_swiglu_grad")
+    _api.resolve_backend(backend, x.device)
     return x.new_empty(x.shape)
 
 
@@ -344,12 +344,12 @@ def _swiglu_mx_quant_dual_axis_fake(
     transpose_y2=False,
     backend="auto",
 ):
-    fmt, _, _, glu = _api.validate_mx_forward(
+    fmt, *_ = _api.validate_mx_forward(
         x, group_index, activate_left, round_mode, scale_alg, mx.dst_from_name(dst_dtype), max_dtype_value,
         limit, alpha, bias, interleaved,
     )  # fmt: skip
     _api.check_transpose_y2(transpose_y2, fmt)
-    _api.resolve_kernel(backend, x.device, "swiglu_mx_quant", glu, transpose_y2=transpose_y2)
+    _api.resolve_backend(backend, x.device)
     specs = _api.mx_forward_output_specs(x, group_index, fmt, transpose_y2)
     return tuple(x.new_empty(s, dtype=d) for s, d in specs)
 

@@ -304,11 +304,6 @@ def instruction_set(name: str):
         LIBRARY.isa, LIBRARY.isa_code = saved
 
 
-def supports_glu(op: str, glu: GluParams) -> bool:
-    """Every kernel of this backend runs every member of the GLU family (see ``swiglu_ops._api``)."""
-    return True
-
-
 def act_table(
     kind: int, dtype: torch.dtype, alpha: float = 1.0, limit: float = math.inf, isa: str = ""
 ) -> torch.Tensor:

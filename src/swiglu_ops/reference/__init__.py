@@ -12,18 +12,12 @@ def is_available(device) -> tuple[bool, str]:
     return True, ""
 
 
-def supports_glu(op: str, glu) -> bool:
-    """The reference runs every member of the GLU family in every kernel."""
-    return True
-
-
 __all__ = [
     "NAME",
     "is_available",
     "swiglu_group_grad",
     "swiglu_bwd_mx_quant",
     "swiglu_mx_quant",
-    "supports_glu",
     "clipped_swiglu",
     "clipped_swiglu_grad",
 ]

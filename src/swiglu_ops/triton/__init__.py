@@ -4,7 +4,7 @@ sm_100-only). With ``TRITON_INTERPRET=1`` set before this package is imported, t
 tensors through Triton's interpreter, which is how CI checks them without a GPU.
 
 The entry points follow the kernel contract in :mod:`swiglu_ops._api`, one per CANN operator, and run every
-member of the GLU family (:func:`supports_glu`). The launch path never synchronises with the device: grids
+member of the GLU family with every option. The launch path never synchronises with the device: grids
 are sized from shapes and the number of groups only, and ``valid_rows`` and the group ends are read inside
 the kernels.
 """
@@ -84,11 +84,6 @@ def is_available(device) -> tuple[bool, str]:
 
 def _hw_cvt() -> bool:
     return HW_CONVERSIONS and not INTERPRETED
-
-
-def supports_glu(op: str, glu) -> bool:
-    """Every kernel of this backend runs every member of the GLU family (see ``swiglu_ops._api``)."""
-    return True
 
 
 def _aligned(*tensors) -> bool:
@@ -195,7 +190,6 @@ def swiglu_mx_quant(
 __all__ = [
     "NAME",
     "is_available",
-    "supports_glu",
     "swiglu_group_grad",
     "clipped_swiglu",
     "clipped_swiglu_grad",
