@@ -17,6 +17,9 @@ loss curves, for CANN's plain SwiGLU and for GPT-OSS's clipped SwiGLU (limit 7, 
 interleaved gate/up).
 
 Run: ``python examples/moe_expert_mlp.py`` (about 10 s on 2 CPU cores); ``--help`` for the sizes.
+``--compile`` trains under ``torch.compile``: the FP8 operands of the MXFP8 GEMMs stay in the compiled graph
+(forward and backward), and the losses equal the eager ones (Inductor is told to round like eager,
+``emulate_precision_casts``; see ``docs/integration.md`` section 12).
 """
 
 from __future__ import annotations
@@ -95,10 +98,11 @@ def run_variant(name: str, glu: dict, args) -> dict:
     losses = {}
     for run, model in models.items():
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        forward = torch.compile(model) if args.compile else model
         history = []
         for _ in range(args.steps):
             optimizer.zero_grad()
-            loss = F.mse_loss(model(inputs), targets)
+            loss = F.mse_loss(forward(inputs), targets)
             loss.backward()
             optimizer.step()
             history.append(loss.item())
@@ -118,7 +122,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--compile", action="store_true", help="train under torch.compile (Inductor)")
     args = parser.parse_args(argv)
+    if args.compile:  # Inductor rounds the bf16 casts of the fp32 master weights as eager does
+        torch._inductor.config.emulate_precision_casts = True
     start = time.perf_counter()
     results = {
         "swiglu": run_variant("SwiGLU", {}, args),
