@@ -210,6 +210,17 @@ def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left, i
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mx_quant_rows_of_several_chunks_match_reference(dtype, isa):
+    """A task covers 512 pairs (16-bit) or 256 (fp32): 1088 pairs per row make three or five tasks per
+    32-row block, the last one partial, for both operators."""
+    x, dy = _mx_inputs((70, 2176), dtype, seed=13)
+    ends = torch.tensor([5, 40, 70])
+    _check_mx(x, dy, ends)
+    want = swiglu_ops.swiglu_mx_quant_dual_axis(x, ends, backend="reference")
+    assert_mx_matches(swiglu_ops.swiglu_mx_quant_dual_axis(x, ends, backend="cpu"), want, "cpu")
+
+
 @pytest.mark.parametrize("shape", [(3, 70, 128), (2, 2, 33, 64), (1, 64)], ids=str)
 def test_mx_quant_batched_matches_reference(shape, isa):
     x, dy = _mx_inputs(shape, torch.float16, seed=6)
