@@ -143,59 +143,53 @@ INLINE void u_store_nibbles(uint8_t *p, vu codes, vm m) {
     _mm512_mask_cvtepi64_storeu_epi8(p, (__mmask8)x, _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28)));
 }
 
-/* The amax of each of ``nb`` <= 16 consecutive 32-element blocks of stored 16-bit values, as their largest
-   magnitude bits (lanes from nb on are 0). A transposed reduction tree instead of 16 horizontal ones: each
-   level halves the units (32-bit pairs of values) per block with one max of two permutations, until every
-   32-bit unit holds one block's last two candidates. */
+/* The amax of each of ``nb`` <= 16 consecutive 32-element blocks, as their largest magnitude bits (lanes from
+   nb on are 0). A transposed reduction tree instead of 16 horizontal ones: each level halves the 32-bit
+   units per block with one max of two permutations, until every unit holds one block's candidates. */
+static const int32_t amax_tree_idx[4][2][16] = {
+    {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+     {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+    {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+     {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+    {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+     {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
+    {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+     {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},
+};
+
+/* r[k]: block k's magnitudes as 16 32-bit units (two 16-bit values each when ``sixteen``); returns r[0]. */
+INLINE __m512i amax_tree(__m512i r[16], const int sixteen) {
+    for (int level = 0, n = 8; level < 4; level++, n /= 2) {
+        const __m512i lo = _mm512_loadu_si512(amax_tree_idx[level][0]);
+        const __m512i hi = _mm512_loadu_si512(amax_tree_idx[level][1]);
+        for (int k = 0; k < n; k++) {
+            const __m512i a = _mm512_permutex2var_epi32(r[2 * k], lo, r[2 * k + 1]);
+            const __m512i b = _mm512_permutex2var_epi32(r[2 * k], hi, r[2 * k + 1]);
+            r[k] = sixteen ? _mm512_max_epu16(a, b) : _mm512_max_epu32(a, b);
+        }
+    }
+    return r[0];
+}
+
+/* Stored 16-bit values: 32 per vector, one block per vector; each unit ends with two candidates. */
 INLINE vu u_block_amax16(const uint16_t *v, int64_t nb) {
-    static const int32_t idx[4][2][16] = {
-        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
-        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
-        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
-         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
-        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
-         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},
-    };
     const __m512i mag = _mm512_set1_epi16(0x7FFF);
     __m512i r[16];
     for (int k = 0; k < 16; k++)
         r[k] = k < nb ? _mm512_and_si512(_mm512_loadu_si512(v + 32 * k), mag) : _mm512_setzero_si512();
-    for (int level = 0, n = 8; level < 4; level++, n /= 2) {
-        const __m512i lo = _mm512_loadu_si512(idx[level][0]), hi = _mm512_loadu_si512(idx[level][1]);
-        for (int k = 0; k < n; k++)
-            r[k] = _mm512_max_epu16(_mm512_permutex2var_epi32(r[2 * k], lo, r[2 * k + 1]),
-                                    _mm512_permutex2var_epi32(r[2 * k], hi, r[2 * k + 1]));
-    }
-    return _mm512_max_epu32(_mm512_and_si512(r[0], _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(r[0], 16));
+    const __m512i t = amax_tree(r, 1);
+    return _mm512_max_epu32(_mm512_and_si512(t, _mm512_set1_epi32(0xFFFF)), _mm512_srli_epi32(t, 16));
 }
 
-/* The same for 32-bit values: the two halves of each block first, then the tree on 32-bit units. */
+/* 32-bit values: the two halves of each block first, then the tree. */
 INLINE vu u_block_amax32(const uint32_t *v, int64_t nb) {
-    static const int32_t idx[4][2][16] = {
-        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
-        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
-        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
-         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
-        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
-         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},
-    };
     const __m512i mag = _mm512_set1_epi32(0x7FFFFFFF);
     __m512i r[16];
     for (int k = 0; k < 16; k++)
         r[k] = k < nb ? _mm512_max_epu32(_mm512_and_si512(_mm512_loadu_si512(v + 32 * k), mag),
                                          _mm512_and_si512(_mm512_loadu_si512(v + 32 * k + 16), mag))
                       : _mm512_setzero_si512();
-    for (int level = 0, n = 8; level < 4; level++, n /= 2) {
-        const __m512i lo = _mm512_loadu_si512(idx[level][0]), hi = _mm512_loadu_si512(idx[level][1]);
-        for (int k = 0; k < n; k++)
-            r[k] = _mm512_max_epu32(_mm512_permutex2var_epi32(r[2 * k], lo, r[2 * k + 1]),
-                                    _mm512_permutex2var_epi32(r[2 * k], hi, r[2 * k + 1]));
-    }
-    return r[0];
+    return amax_tree(r, 0);
 }
 
 /* ------------------------------------------------------------------------------- 32 x 16-bit lanes */

@@ -208,25 +208,22 @@ HEAVY void u_store_nibbles(uint8_t *p, vu codes, vm m) {
 }
 
 /* The amax of each of ``nb`` <= 16 consecutive 32-element blocks, as their largest magnitude bits (lanes from
-   nb on are 0). */
-HEAVY vu u_block_amax16(const uint16_t *v, int64_t nb) {
+   nb on are 0); ``wide``: 32-bit values, else 16-bit. */
+HEAVY vu u_block_amax(const void *v, int64_t nb, int wide) {
     vu r = u_zero();
     for (int64_t k = 0; k < nb; k++) {
         uint32_t m = 0;
-        for (int j = 0; j < 32; j++) m = (v[32 * k + j] & 0x7FFFu) > m ? (v[32 * k + j] & 0x7FFFu) : m;
+        for (int j = 0; j < 32; j++) {
+            const uint32_t x = wide ? ((const uint32_t *)v)[32 * k + j] & 0x7FFFFFFFu
+                                    : ((const uint16_t *)v)[32 * k + j] & 0x7FFFu;
+            m = x > m ? x : m;
+        }
         r[k] = m;
     }
     return r;
 }
-HEAVY vu u_block_amax32(const uint32_t *v, int64_t nb) {
-    vu r = u_zero();
-    for (int64_t k = 0; k < nb; k++) {
-        uint32_t m = 0;
-        for (int j = 0; j < 32; j++) m = (v[32 * k + j] & 0x7FFFFFFFu) > m ? (v[32 * k + j] & 0x7FFFFFFFu) : m;
-        r[k] = m;
-    }
-    return r;
-}
+INLINE vu u_block_amax16(const uint16_t *v, int64_t nb) { return u_block_amax(v, nb, 0); }
+INLINE vu u_block_amax32(const uint32_t *v, int64_t nb) { return u_block_amax(v, nb, 1); }
 
 /* ------------------------------------------------------------------------------- 32 x 16-bit lanes */
 /* For the FP8 encoder of 16-bit values (numerics.h fp8x32_encode): 32 lanes per vector. */
