@@ -68,7 +68,7 @@ def _group_grad_specs():
                     name = f"group_grad[{dt},w={int(has_weight)},mask={int(has_mask)}"
                     name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
                     attrs = _attrs(fn, [*ptrs, "hidden"]) if aligned else {}
-                    expect = {"rcp_rn"} | ({"cvt_bf16"} if dt == "bf16" else set())
+                    expect = {"fast_rcp"} | ({"cvt_bf16"} if dt == "bf16" else set())
                     options = {"num_warps": backend.GROUP_GRAD_NUM_WARPS}
                     yield name, fn, sig, {**consts, "HW_CVT": hw}, attrs, options, expect if hw else set()
 
@@ -91,8 +91,9 @@ def _mx_bwd_specs():
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
                "a_index": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
+               "n_tiles": "i32", "tiles_per_program": "i32",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
-                                "SCALE_ALG", "TRANSPOSE_Y2", "HW_CVT"), "constexpr")}  # fmt: skip
+                                "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
@@ -106,14 +107,13 @@ def _mx_bwd_specs():
             name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
-            # The launcher narrows the tile for tensors that are not 16-byte aligned.
-            block_n = backend.MX_BLOCK_N if aligned else min(backend.MX_BLOCK_N, backend.MX_BLOCK_N_UNALIGNED)
+            block_n = backend.mx_block_n(True, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
-                          TRANSPOSE_Y2=transpose, HW_CVT=hw)  # fmt: skip
-            expect = {"rcp_rn", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
-            options = {"num_warps": backend.MX_NUM_WARPS}
+                          TRANSPOSE_Y2=transpose, WIDE=False, HW_CVT=hw)  # fmt: skip
+            expect = {"fast_rcp", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
+            options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
             yield name, fn, sig, consts, attrs, options, expect if hw else set()
 
 
@@ -139,8 +139,9 @@ def _mx_fwd_specs():
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
                "s1_slots": "i32", "a_index": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
+               "n_tiles": "i32", "tiles_per_program": "i32",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
-                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "HW_CVT"),
+                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT"),
                                "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         fp4 = fmt == "e2m1"
@@ -156,15 +157,15 @@ def _mx_fwd_specs():
             name = f"mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
-            block_n = backend.MX_BLOCK_N if aligned else min(backend.MX_BLOCK_N, backend.MX_BLOCK_N_UNALIGNED)
+            block_n = backend.mx_block_n(False, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
-                          HW_CVT=hw)  # fmt: skip
+                          WIDE=False, HW_CVT=hw)  # fmt: skip
             # FP4 codes have no hardware conversion; the forward divides (div.rn) and has no reciprocal.
             expect = ({"cvt_bf16"} if dt == "bf16" else set()) | (set() if fp4 else {"cvt_fp8"})
-            options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_fwd_maxnreg(aligned)}
+            options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
             yield name, fn, sig, consts, attrs, options, expect if hw else set()
 
 
@@ -176,10 +177,10 @@ def _clipped_specs():
     for dt, bwd, inter, mode, has_mask in combos:
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}" if bwd else "constexpr",
                "valid_ptr": "*i64" if has_mask else "constexpr", "out_ptr": f"*{dt}",
-               "rows": "i32", "half": "i32", "n_chunks": "i32", "a_index": "i32",
+               "rows": "i32", "half": "i32", "chunk0": "i32",
                "alpha": "fp32", "limit": "fp32", "bias": "fp32",
-               **dict.fromkeys(("BACKWARD", "INTERLEAVED", "MODE", "HAS_MASK", "ROWS", "BLOCK", "HW_CVT"),
-                               "constexpr")}  # fmt: skip
+               **dict.fromkeys(("A_INDEX", "BACKWARD", "INTERLEAVED", "MODE", "HAS_MASK", "ROWS", "BLOCK",
+                                "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         cases = [(True, False)]
         if dt == "bf16" and has_mask and inter:
@@ -190,9 +191,9 @@ def _clipped_specs():
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "half"]) if aligned else {}
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(BACKWARD=bwd, INTERLEAVED=inter, MODE=mode, HAS_MASK=has_mask,
+            consts.update(A_INDEX=0, BACKWARD=bwd, INTERLEAVED=inter, MODE=mode, HAS_MASK=has_mask,
                           ROWS=backend.CLIPPED_ROWS, BLOCK=backend.CLIPPED_BLOCK, HW_CVT=hw)  # fmt: skip
-            expect = ({"rcp_rn"} if bwd else set()) | ({"cvt_bf16"} if dt == "bf16" else set())
+            expect = ({"fast_rcp"} if bwd else set()) | ({"cvt_bf16"} if dt == "bf16" else set())
             options = {"num_warps": backend.CLIPPED_NUM_WARPS}
             yield name, fn, sig, consts, attrs, options, expect if hw else set()
 
@@ -203,9 +204,13 @@ SPECS = {
 }
 
 
-def _compile(name: str, arch: int) -> dict:
-    """Compile one specialization; returns its resources from ptxas's log and the PTX checks."""
-    fn, sig, consts, attrs, options, expect = SPECS[name]
+def compile_spec(name: str, arch: int, hw_cvt: bool | None = None):
+    """Compile one specialization (with ``HW_CVT`` overridden when ``hw_cvt`` is given): the compiled kernel
+    and its resources from ptxas's ``-v`` log (registers, spill bytes, stack frame) and metadata (shared
+    memory). Also used by benchmarks/sass_budget.py."""
+    fn, sig, consts, attrs, options, _expect = SPECS[name]
+    if hw_cvt is not None:
+        consts = {**consts, "HW_CVT": hw_cvt}
     triton.knobs.compilation.always_compile = True  # a cache hit would skip ptxas and its log
     triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v output, printed by Triton's compiler
     log = io.StringIO()
@@ -218,20 +223,34 @@ def _compile(name: str, arch: int) -> dict:
     usage = re.search(r"Used (\d+) registers", log.getvalue())
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.getvalue())
     stack = re.search(r"(\d+) bytes stack frame", log.getvalue())
-    ptx = kernel.asm["ptx"]
-    return {
-        "name": name, "arch": arch, "registers": int(usage.group(1)), "shared": kernel.metadata.shared,
+    return kernel, {
+        "registers": int(usage.group(1)), "shared": kernel.metadata.shared,
         "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2)),
-        "stack": int(stack.group(1)), "num_warps": options["num_warps"],
+        "stack": int(stack.group(1)),
+    }  # fmt: skip
+
+
+def _compile(name: str, arch: int) -> dict:
+    """Compile one specialization; returns its resources from ptxas's log and the PTX checks."""
+    _fn, _sig, _consts, _attrs, options, expect = SPECS[name]
+    kernel, res = compile_spec(name, arch)
+    ptx = kernel.asm["ptx"]
+    # The kernels' own PTX (inline asm) is checked by what it is; the compiler's code must not contract,
+    # approximate or flush anything.
+    asm = re.findall(r"// begin inline asm(.*?)// end inline asm", ptx, flags=re.S)
+    own = re.sub(r"// begin inline asm.*?// end inline asm", "", ptx, flags=re.S)
+    return {
+        "name": name, "arch": arch, **res, "num_warps": options["num_warps"],
         # An FMA of the spec's math would be a non-flushing fp32 fma; libdevice's exp uses fma.rn.ftz only.
-        "contracted_fma": len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
-        "approx_div": len(re.findall(r"\b(?:div|rcp)\.(?:full|approx)\.", ptx)),
-        # The GPU paths (docs/triton_backend.md): rcp.rn in the sigmoid, hardware bf16 and FP8 conversions.
-        "rcp_rn": len(re.findall(r"\brcp\.rn\.f32\b", ptx)),
+        "contracted_fma": len(re.findall(r"\bfma\.rn\.f32\b", own)),
+        "approx_div": len(re.findall(r"\b(?:div|rcp)\.(?:full|approx)\.", own)),
+        "ftz_arith": len(re.findall(r"\b(?:mul|add|sub)\.\w+\.ftz\.f32\b", own)),
+        # The GPU paths (docs/triton_backend.md): the fast reciprocals and quotients of the backward
+        # (_rcp_fast_x4 / _div_fast_x4: rcp.approx + Newton + Markstein), hardware bf16 and FP8 conversions.
+        "fast_rcp": sum("rcp.approx.ftz.f32" in block for block in asm),
         "cvt_fp8": len(re.findall(r"\bcvt\.rn\.satfinite\.e[45]m[23]x2\.f32\b", ptx)),
         "cvt_bf16": len(re.findall(r"\bcvt\.rn\.bf16(?:x2)?\.f32\b", ptx)),
         "expect": sorted(expect),
-        "ftz_arith": len(re.findall(r"\b(?:mul|add|sub)\.\w+\.ftz\.f32\b", ptx)),
     }  # fmt: skip
 
 
@@ -268,10 +287,11 @@ def test_swiglu_math_is_not_contracted(compiled):
 
 
 def test_conversion_paths_follow_hw_cvt(compiled):
-    """With HW_CVT (opt-in) every kernel uses the hardware conversions it has: rcp.rn.f32 where it forms a
-    reciprocal (the backward sigmoids), cvt.rn.bf16(x2) for bf16 values, the satfinite FP8 cvt for FP8 codes
-    (FP4 codes have none); without it (the default) none of them appears: the integer paths run."""
-    paths = ("rcp_rn", "cvt_fp8", "cvt_bf16")
+    """With HW_CVT (opt-in) every kernel uses the fast paths it has: the fast reciprocal (MUFU + Newton, with
+    the exact redo of a tile behind it) where the backward forms a reciprocal or quotient, cvt.rn.bf16(x2) for
+    bf16 values, the satfinite FP8 cvt for FP8 codes (FP4 codes have none); without it (the default) none of
+    them appears: the integer paths and div.rn run."""
+    paths = ("fast_rcp", "cvt_fp8", "cvt_bf16")
     hw = [r for r in compiled if "hw_cvt" in r["name"]]
     kernels = {"group_grad", "clipped_swiglu", "mx_quant", "bwd_mx_quant"}
     assert {r["name"].split("[")[0] for r in hw} == kernels

@@ -172,9 +172,9 @@ def _mx_extreme_case(dtype, gen):
 @pytest.mark.parametrize("block_n", [32, 64, 128, 256])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mx_quant_tile_variants_extreme_values(monkeypatch, block_n, dtype):
-    """Every MX_BLOCK_N the benchmark tunes over, with NaN/inf/subnormal/saturating/tie inputs, both scale
+    """Every MX_BWD_BLOCK_N the benchmark tunes over, with NaN/inf/subnormal/saturating/tie inputs, both scale
     rules and both FP8 formats, byte-exact against the reference (ragged and empty groups)."""
-    monkeypatch.setattr(triton_backend, "MX_BLOCK_N", block_n)
+    monkeypatch.setattr(triton_backend, "MX_BWD_BLOCK_N", block_n)
     x, dy = _mx_extreme_case(dtype, torch.Generator().manual_seed(block_n))
     gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
     for scale_alg in (0, 1):
@@ -185,7 +185,7 @@ def test_mx_quant_tile_variants_extreme_values(monkeypatch, block_n, dtype):
 
 def test_mx_quant_unaligned_tensors_use_the_narrow_tile():
     """Inputs at an address that is not 16-byte aligned: the launcher narrows the tile to
-    MX_BLOCK_N_UNALIGNED (the wide tile spills without vector loads); the result is unchanged."""
+    half the width (mx_block_n: the wide tile spills without vector loads); the result is unchanged."""
     gen = torch.Generator().manual_seed(13)
     m, c = 45, 256
     x = _randn(m, c, dtype=torch.bfloat16, scale=3.0, gen=gen)
@@ -348,7 +348,7 @@ def test_mx_backward_interleaved_unaligned_and_tiles(monkeypatch):
     runs = [(None, x_odd)] + [(b, x) for b in (32, 128)]
     for block_n, xx in runs:
         if block_n is not None:
-            monkeypatch.setattr(triton_backend, "MX_BLOCK_N", block_n)
+            monkeypatch.setattr(triton_backend, "MX_BWD_BLOCK_N", block_n)
         got = swiglu_ops.swiglu_backward_mx_quant_dual_axis(xx, dy, gi, backend="triton", **kw)
         for name, g, w in zip(("y1", "mxscale1", "y2", "mxscale2"), got, want, strict=True):
             _equal_codes(g.view(torch.uint8).cpu(), w, f"{name} block_n={block_n}")
@@ -357,12 +357,15 @@ def test_mx_backward_interleaved_unaligned_and_tiles(monkeypatch):
 # ------------------------------------------------------------------------ clipped_swiglu (+ its gradient)
 
 
-@pytest.mark.parametrize(("rows_per_tile", "block"), [(1, 32), (4, 64)])
+@pytest.mark.parametrize(
+    ("rows_per_tile", "block", "max_grid_y"), [(1, 32, 65535), (4, 64, 65535), (4, 32, 2)]
+)
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, interleaved):
-    """Row tiles and pair chunks other than the default (rows cut into several chunks, a partial last one)
-    give the default tile's bits, both directions and clamp modes, with masked rows and special values;
-    the default tile matches the reference within the contract."""
+def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, max_grid_y, interleaved):
+    """Row tiles and pair chunks other than the default (rows cut into several chunks, a partial last one;
+    chunks over several launches, as for rows of 2**24 pairs or more) give the default tile's bits, both
+    directions and clamp modes, with masked rows and special values; the default tile matches the
+    reference within the contract."""
     gen = torch.Generator().manual_seed(rows_per_tile * block)
     rows, half = 11, 70
     x = _randn(rows, 2 * half, dtype=torch.bfloat16, scale=4.0, gen=gen).cpu()
@@ -387,6 +390,7 @@ def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, interleaved):
         _close_values(got.cpu(), want.cpu(), "default tile vs reference")
     monkeypatch.setattr(triton_backend, "CLIPPED_ROWS", rows_per_tile)
     monkeypatch.setattr(triton_backend, "CLIPPED_BLOCK", block)
+    monkeypatch.setattr(triton_backend, "MAX_GRID_Y", max_grid_y)
     for got, want in zip(run("triton"), default, strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
         assert not got[gi.sum() :].view(torch.int16).any()  # rows past the valid count: +0.0

@@ -26,13 +26,14 @@ NAME = "triton"
 LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
 
-#: Use single PTX instructions for the correctly rounded conversions (``rcp.rn.f32`` for the sigmoid's
-#: division, ``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes) instead of
-#: their integer transcriptions: about 2.8x fewer instructions per element in the quantizer (static count,
-#: docs/triton_backend.md). Off by default until it has run on a GPU: both paths compute the same bits by
-#: the PTX specification, but only the integer path has been checked on hardware (H200, bit-exact). Set
-#: ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in; the interpreter always uses the integer
-#: path.
+#: The GPU fast paths (constexpr ``HW_CVT``): single PTX instructions for the correctly rounded conversions
+#: (``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes) instead of their
+#: integer transcriptions, and the backward's branch-free reciprocals and quotients with an exact redo of
+#: the rare tile that needs it (``_kernels._recip_ge1``): 2.4-3x fewer SASS instructions per element in
+#: the quantizers (benchmarks/sass_budget.py). Off by default until it has run on a GPU: both paths compute
+#: the same bits by the PTX specification and ptxas's own expansions, but only the integer path has been
+#: checked on hardware (H200, bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in;
+#: the interpreter always uses the integer path.
 def hw_conversions_from_env(value: str | None) -> bool:
     """``SWIGLU_OPS_TRITON_HW_CVT``: unset, "" or "0" = off, "1" = on; anything else is an error."""
     if value in (None, "", "0", "1"):
@@ -42,21 +43,25 @@ def hw_conversions_from_env(value: str | None) -> bool:
 
 HW_CONVERSIONS = hw_conversions_from_env(os.environ.get("SWIGLU_OPS_TRITON_HW_CVT"))
 
-# Both MX kernels: a tile is 32 rows x MX_BLOCK_N pairs; group ends are scanned in chunks. 64 x 8 warps
-# with the integer conversions: of the backward tiles measured on an H200 (64 x 8, 32 x 4, 128 x 8, ...),
-# 64 and 32 pairs were fastest and 128 pairs 20-80 % slower. With HW_CONVERSIONS, the static analysis
-# favours 128 x 8 (2 rows x 8 columns per thread amortise the per-column scale math; docs/triton_backend.md).
-MX_BLOCK_N = 64
-# Tensors that are not 16-byte aligned (views at odd offsets) get no vector loads; Triton then spreads the
-# tile one element per thread and a 128-wide tile spills on sm_100, so they use at most this width.
-MX_BLOCK_N_UNALIGNED = 64
+# Both MX kernels: a program takes one 32-row block and MX_TILES_PER_PROGRAM tiles of 32 rows x MX_BLOCK_N
+# pairs along the row (a loop), with MX_NUM_WARPS warps: one warp per 32-column block of the tile, so that
+# both amax reductions stay within a warp (docs/triton_backend.md). Group ends are scanned in chunks of
+# MX_GROUP_CHUNK, once per program.
+MX_BLOCK_N = 128
+# The backward's tile in pairs: 64 pairs are 128 gradient columns, the forward tile's 128 output columns (at
+# 128 pairs ptxas needs 255 registers and spills).
+MX_BWD_BLOCK_N = 64
+MX_NUM_WARPS = 4
+MX_TILES_PER_PROGRAM = 4
 MX_GROUP_CHUNK = 128
-MX_NUM_WARPS = 8
-# The forward MX kernel's register budget (ptxas .maxnreg) for aligned tensors: 2 CTAs x 8 warps per SM. Left
-# to itself, ptxas aims some FP4 variants at an occupancy cliff (64 or 48 registers) and spills a few bytes.
-MX_FWD_MAXNREG = 128
+# The MX kernels' register budget (ptxas .maxnreg) for aligned tensors. Left to itself, ptxas caps some
+# variants below what their tile needs (168 registers and 40 bytes of spills for the interleaved clipped
+# backward, at 3 CTAs of 4 warps per SM); without a cap it takes up to 255 and 2 CTAs, and spills nothing.
+MX_MAXNREG = 255
 # clipped_swiglu / clipped_swiglu_grad: a program takes CLIPPED_ROWS rows x CLIPPED_BLOCK pairs (no loop).
 CLIPPED_ROWS = 4
+# CUDA's limit of grid axes 1 and 2
+MAX_GRID_Y = 65535
 CLIPPED_BLOCK = 256
 CLIPPED_NUM_WARPS = 4
 # swiglu_group_grad: a tile is GROUP_GRAD_ROWS rows x GROUP_GRAD_BLOCK_H hidden columns (2048 elements).
@@ -111,13 +116,14 @@ def _clipped(x, dy, valid_rows, glu, out, backward: bool) -> None:
     rows, cols = x.shape
     half = cols // 2
     n_chunks = triton.cdiv(half, CLIPPED_BLOCK)
-    _kernels.clipped_swiglu_kernel[(triton.cdiv(rows, CLIPPED_ROWS) * n_chunks,)](
-        x, dy, valid_rows, out,
-        rows, half, n_chunks, glu.a_index, glu.alpha, glu.limit, glu.bias,
-        BACKWARD=backward, INTERLEAVED=glu.interleaved, MODE=glu.clamp_mode, HAS_MASK=valid_rows is not None,
-        ROWS=CLIPPED_ROWS, BLOCK=CLIPPED_BLOCK, HW_CVT=_hw_cvt(),
-        num_warps=CLIPPED_NUM_WARPS, **LAUNCH_OPTIONS,
-    )  # fmt: skip
+    for chunk0 in range(0, n_chunks, MAX_GRID_Y):  # one launch unless a row holds 2**24 pairs or more
+        grid = (triton.cdiv(rows, CLIPPED_ROWS), min(n_chunks - chunk0, MAX_GRID_Y))
+        _kernels.clipped_swiglu_kernel[grid](
+            x, dy, valid_rows, out, rows, half, chunk0, glu.alpha, glu.limit, glu.bias,
+            A_INDEX=glu.a_index, BACKWARD=backward, INTERLEAVED=glu.interleaved, MODE=glu.clamp_mode,
+            HAS_MASK=valid_rows is not None, ROWS=CLIPPED_ROWS, BLOCK=CLIPPED_BLOCK, HW_CVT=_hw_cvt(),
+            num_warps=CLIPPED_NUM_WARPS, **LAUNCH_OPTIONS,
+        )  # fmt: skip
 
 
 def clipped_swiglu(x, valid_rows, glu, y) -> None:
@@ -138,52 +144,72 @@ def mx_blocks_per_slice(m: int, num_groups: int | None) -> int:
     return blocks if num_groups is None else blocks + num_groups + 1
 
 
-def mx_fwd_maxnreg(aligned: bool) -> int | None:
-    """ptxas register budget of the forward MX kernel (:data:`MX_FWD_MAXNREG`; none for unaligned tensors,
-    whose narrower tile needs more registers without vector loads)."""
-    return MX_FWD_MAXNREG if aligned else None
+def mx_maxnreg(aligned: bool) -> int | None:
+    """ptxas register budget of the MX kernels (:data:`MX_MAXNREG`; none for unaligned tensors, whose
+    narrower tile needs more registers without vector loads)."""
+    return MX_MAXNREG if aligned else None
 
 
-def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors):
+def mx_block_n(backward: bool, aligned: bool, transpose_y2: bool) -> int:
+    """The MX kernels' tile width (BLOCK_N): :data:`MX_BWD_BLOCK_N` pairs (backward) or :data:`MX_BLOCK_N`
+    output columns (forward), halved (to 32 at least) for tensors that are not 16-byte aligned (no vector
+    loads: Triton spreads the tile one element per thread) and again for token-contiguous y2, whose 64-bit
+    column addresses cost registers: at the full width both spill on sm_100 (40-72 bytes)."""
+    block_n = MX_BWD_BLOCK_N if backward else MX_BLOCK_N
+    for narrow in (not aligned, transpose_y2):
+        if narrow:
+            block_n = max(block_n // 2, 32)
+    return block_n
+
+
+def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
     """Arguments both MX kernels share, whether the tensors are 16-byte aligned, the row-block count and the
-    tile width of the launch."""
+    tile width of the launch. ``tile_pairs``: the pairs (forward: output columns, with the pad slot) a
+    row spans."""
     batch, m, _ = x.shape
     num_groups = None if group_ends is None else group_ends.numel()
     blocks = mx_blocks_per_slice(m, num_groups)
     aligned = _aligned(x, *tensors)
-    block_n = MX_BLOCK_N if aligned else min(MX_BLOCK_N, MX_BLOCK_N_UNALIGNED)
+    block_n = mx_block_n(backward, aligned, transpose_y2)
+    n_tiles = triton.cdiv(tile_pairs, block_n)
+    per_program = min(MX_TILES_PER_PROGRAM, n_tiles)
     inv_max = getattr(fmt, "inv_max", 0.0)  # RCEIL only (FP8)
     args = (
         m, x.shape[-1] // 2, num_groups or 0, blocks, s2.shape[1],
         glu.a_index, glu.alpha, glu.limit, glu.bias, inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
+        n_tiles, per_program,
     )  # fmt: skip
     consts = dict(
-        GROUPED=group_ends is not None, BLOCK_N=block_n, GROUP_CHUNK=MX_GROUP_CHUNK,
+        # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more
+        WIDE=32 * x.shape[-1] >= 2**31, GROUPED=group_ends is not None, BLOCK_N=block_n,
+        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2,
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,
         SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
-    return aligned, batch * blocks, block_n, args, consts
+    grid = (batch * blocks, triton.cdiv(n_tiles, per_program))
+    return aligned, grid, args, consts
 
 
 def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
-    _, rows, block_n, args, consts = _mx_common(x, group_ends, glu, scale_alg, fmt, s2, (dy, y1, s1, y2, s2))
-    grid = (rows, triton.cdiv(x.shape[-1] // 2, block_n))
+    tensors = (dy, y1, s1, y2, s2)
+    aligned, grid, args, consts = _mx_common(
+        x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2
+    )
     _kernels.swiglu_bwd_mx_quant_kernel[grid](
-        x, dy, group_ends, y1, s1, y2, s2, *args, TRANSPOSE_Y2=transpose_y2, **consts
+        x, dy, group_ends, y1, s1, y2, s2, *args, maxnreg=mx_maxnreg(aligned), **consts
     )
 
 
 def swiglu_mx_quant(
     x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
 ) -> None:
-    outs = (y1, s1, y2, s2)
-    aligned, rows, block_n, args, consts = _mx_common(x, group_ends, glu, scale_alg, fmt, s2, outs)
-    slots = s1.shape[-1]  # 2 * ceil(N / 64): the grid covers the pad slot of an odd block count
-    grid = (rows, triton.cdiv(slots * 32, block_n))
+    slots = s1.shape[-1]  # 2 * ceil(N / 64): the tiles cover the pad slot of an odd block count
+    aligned, grid, args, consts = _mx_common(
+        x, group_ends, glu, scale_alg, fmt, s2, (y1, s1, y2, s2), slots * 32, False, transpose_y2
+    )
     _kernels.swiglu_mx_quant_kernel[grid](
         x, group_ends, y1, s1, y2, s2, *args[:5], slots, *args[5:],
-        FP4=fmt.packed, ROUND=_kernels.ROUND_MODES[round_mode], TRANSPOSE_Y2=transpose_y2,
-        maxnreg=mx_fwd_maxnreg(aligned), **consts,
+        FP4=fmt.packed, ROUND=_kernels.ROUND_MODES[round_mode], maxnreg=mx_maxnreg(aligned), **consts,
     )  # fmt: skip
 
 

@@ -11,8 +11,9 @@ The pieces, mirroring the C backend (``cpu/csrc/glu.h``, ``mx.h``, ``numerics.h`
 - the math, one functor per direction in each CANN operator's operation order (``_glu_fwd``,
   ``_glu_bwd``: plain SwiGLU, clipped SwiGLU clamp_mode 0 / 1; ``_group_grad_fn``), built on the activations
   of A alone (``_silu``, ``_sigmoid``); ``swiglu_ops.reference.glu`` is the readable version;
-- the layout: ``_load_pairs`` / ``_store_pairs`` / ``_interleave_ab`` take A and B from a row's two halves or
-  its even/odd elements (constexpr ``INTERLEAVED``), A being the first or the second (runtime ``a_index``);
+- the layout: ``_load_pairs`` / ``_store_pairs`` (``_mx_load_pairs`` for the MX tile) take A and B from a
+  row's two halves or its even/odd elements (constexpr ``INTERLEAVED``: one contiguous vector load split in
+  registers), A being the first or the second (``a_index``);
 - the MX quantisation of a tile of 32 rows x 32-column blocks along both axes (``_mx_row_block``,
   ``_mx_quantize``: scale codes, element codes, FP4 nibble packing), shared by both MX kernels; the FP8 and
   FP4 element encoders are one integer transcription of ``mx.encode`` (``_elem_code_int``).
@@ -21,13 +22,14 @@ Every numeric rule mirrors :mod:`swiglu_ops.mx` and the reference backend, writt
 same bits on a GPU and under ``TRITON_INTERPRET=1``:
 
 - Roundings are correctly rounded conversions. On the GPU, with ``HW_CVT``, they are single PTX
-  instructions: ``rcp.rn.f32`` for the sigmoids' reciprocals, ``cvt.rn.bf16x2.f32`` for bf16,
-  ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes (NaN blocks are zeroed before the cast: the
-  hardware would give 0x7F where the contract wants 0x00). By default, and always in the interpreter (no
+  instructions: ``cvt.rn.bf16x2.f32`` for bf16, ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes
+  (NaN blocks are zeroed before the cast: the hardware would give 0x7F where the contract wants 0x00), and
+  the backward's reciprocals and quotients take a branch-free fast path whose tile is recomputed exactly
+  where it may be inexact (``_recip_ge1``, ``_div_ge1``). By default, and always in the interpreter (no
   inline asm; its fp32->bf16 / fp8 casts truncate), the same rules run as integer arithmetic on IEEE bit
-  patterns (and ``div_rn``). The two paths differ only in NaN payloads of bf16 values, which the contract
+  patterns and ``div_rn``. The two paths differ only in NaN payloads of bf16 values, which the contract
   does not compare. FP4 codes have no hardware path (PTX has no floor / ties-away FP4 conversion).
-- Divisions (the forward activations ``a / (exp(-a) + 1)``) are ``div_rn`` (``div.rn.f32``) in both paths.
+- The forward activations' quotients ``a / (exp(-a) + 1)`` are ``div_rn`` (``div.rn.f32``) in both paths.
 - E8M0 codes are integer arithmetic on the amax bits in both modes.
 - The only other floating-point operations are the spec's fp32 multiplies/adds in the spec's order
   (launched with ``enable_fp_fusion=False``, so neither LLVM nor ptxas contracts them into FMAs), NaN-
@@ -52,9 +54,9 @@ from triton.language.extra import libdevice
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _LIBDEVICE_EXP = tl.constexpr(not INTERPRETED)
 # ``HW_CVT`` (a launch-time constexpr, ``swiglu_ops.triton.HW_CONVERSIONS``): on the GPU, the correctly
-# rounded conversions as single PTX instructions (``rcp.rn.f32``, ``cvt.rn.bf16x2.f32``,
-# ``cvt.rn.satfinite.e4m3x2.f32``) instead of their integer transcriptions. The interpreter has no inline
-# asm and its fp32->bf16 cast truncates, so it always runs the integer transcriptions.
+# rounded conversions as single PTX instructions (``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.e4m3x2.f32``)
+# instead of their integer transcriptions, and the backward's fast reciprocals (``FAST`` below). The
+# interpreter has no inline asm and its fp32->bf16 cast truncates, so it always runs the integer path.
 
 #: Rows of one column-wise MX block (and of the dual-axis tile), columns of one row-wise block.
 MX_BLOCK = tl.constexpr(32)
@@ -78,28 +80,113 @@ def _exp(v):
         return tl.exp(v)
 
 
-@triton.jit
-def _recip_rn(v, HW_CVT: tl.constexpr):
-    """``1 / v`` correctly rounded (IEEE round-to-nearest-even), the value of ``div_rn(1, v)``.
+# Correctly rounded reciprocals and quotients of operands ``d >= 1`` (or NaN) in the backward kernels: the
+# sigmoids' ``1 / (1 + exp(..))`` and clamp_mode 1's ``a / (exp(-a) + 1)``. Two implementations, selected by
+# the constexpr ``FAST``:
+#
+# - exact (``FAST`` false: the integer path, the interpreter, and the PTX path's redo): ``div_rn``
+#   (``div.rn.f32``), whose ptxas expansion tests and branches per element;
+# - fast (the PTX path): ptxas's own fast path of ``rcp.rn.f32`` (``MUFU.RCP`` + one Newton step with two
+#   FMAs: the correctly rounded reciprocal wherever ptxas takes that path, i.e. for a normal operand with
+#   a normal reciprocal) and, for quotients, Markstein's correction (``q = n * r``, ``m = n - d * q``,
+#   ``q' = q + r * m`` with FMAs: the correctly rounded quotient when ``r`` is the correctly rounded
+#   reciprocal, ``q`` a faithful quotient and nothing underflows or overflows), without a branch. Each
+#   element also yields a key (``_rcp_key``, ``_div_key``: uint32) that is at least ``SLOW_KEY`` wherever
+#   those conditions might not hold. The kernels reduce the keys of a tile and, in the rare tile where
+#   one reaches ``SLOW_KEY``, recompute the whole tile on the exact path and store it again. (Per-element
+#   branches split the code into regions that ptxas cannot schedule across, which costs registers and
+#   instructions; the branch-free fast path has none.)
+SLOW_KEY = tl.constexpr(0x7E800000)  # fp32 bits of 2**126
+_DIV_TINY = 0x0D800000  # fp32 bits of 2**-100: smaller quotients (but zero) leave the fast path
+_DIV_KEY_TINY = tl.constexpr(0x7E800000 + _DIV_TINY - 1)
 
-    GPU: ``rcp.rn.f32`` (no ftz: subnormal results, 0, inf and NaN as IEEE). ptxas expands it to
-    ``MUFU.RCP`` + a two-FFMA Newton step, with a branch to a slow path only for operands whose reciprocal
-    is subnormal or special; ``div.rn`` of a general numerator adds ``FCHK`` and a longer fix-up. (A
-    hand-written fast path with a predicated ``rcp.rn`` fallback compiled to more instructions: ptxas
-    keeps its whole expansion.) Interpreter: ``div_rn``, the same correctly rounded value.
-    """
-    if HW_CVT:
+
+def _rcp_fast_x4() -> tl.constexpr:
+    """PTX: ``$i = 1 / $(4+i)`` for four operands, ptxas's fast path of ``rcp.rn.f32``."""
+    body = ["{ .reg .f32 r<4>, e<4>;"]
+    for i in range(4):
+        y = f"${4 + i}"
+        body += [
+            f"rcp.approx.ftz.f32 r{i}, {y};",
+            f"neg.f32 e{i}, {y};",
+            f"fma.rn.f32 e{i}, e{i}, r{i}, 0f3F800000;",
+            f"fma.rn.f32 ${i}, r{i}, e{i}, r{i};",
+        ]
+    return tl.constexpr("\n".join(body + ["}"]))
+
+
+def _div_fast_x4() -> tl.constexpr:
+    """PTX: ``$i = $(4+i) / $(8+i)`` for four quotients: the fast reciprocal, Markstein's correction, and
+    the numerator's sign on the result (``-0 / d`` is -0, where the correction step gives +0; elsewhere
+    the quotient already has the numerator's sign, d being positive)."""
+    body = ["{ .reg .f32 r<4>, e<4>, m<4>, q<4>; .reg .b32 s<4>;"]
+    for i in range(4):
+        n, d = f"${4 + i}", f"${8 + i}"
+        body += [
+            f"rcp.approx.ftz.f32 r{i}, {d};",
+            f"neg.f32 e{i}, {d};",
+            f"fma.rn.f32 m{i}, e{i}, r{i}, 0f3F800000;",
+            f"fma.rn.f32 r{i}, r{i}, m{i}, r{i};",
+            f"mul.rn.f32 q{i}, {n}, r{i};",
+            f"fma.rn.f32 m{i}, e{i}, q{i}, {n};",
+            f"fma.rn.f32 q{i}, r{i}, m{i}, q{i};",
+            f"and.b32 s{i}, {n}, 0x80000000;",
+            f"or.b32 ${i}, q{i}, s{i};",
+        ]
+    return tl.constexpr("\n".join(body + ["}"]))
+
+
+_RCP_FAST_X4 = _rcp_fast_x4()
+_DIV_FAST_X4 = _div_fast_x4()
+
+
+@triton.jit
+def _recip_ge1(y, FAST: tl.constexpr):
+    """``1 / y`` correctly rounded for ``y >= 1`` or NaN (fast: exact for ``y < 2**126``, see above)."""
+    if FAST:
         return tl.inline_asm_elementwise(
-            "rcp.rn.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1
+            _RCP_FAST_X4, "=r,=r,=r,=r,r,r,r,r", [y], dtype=tl.float32, is_pure=True, pack=4
         )
     else:
-        return tl.math.div_rn(1.0, v)
+        return tl.math.div_rn(1.0, y)
 
 
 @triton.jit
-def _div_rn(n, d):
-    """``n / d`` correctly rounded (``div.rn.f32``; a plain ``/`` would be the approximate ``div.full``)."""
-    return tl.math.div_rn(n, d)
+def _div_ge1(n, d, FAST: tl.constexpr):
+    """``n / d`` correctly rounded for ``d >= 1`` or NaN (fast: exact where ``_div_key`` < SLOW_KEY)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            _DIV_FAST_X4, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [n, d], dtype=tl.float32, is_pure=True, pack=4
+        )
+    else:
+        return tl.math.div_rn(n, d)
+
+
+@triton.jit
+def _div_key(n, d, q):
+    """The fast quotient's key: at least SLOW_KEY unless ``1 <= d < 2**126`` (a normal reciprocal), the
+    numerator is finite and below 2**126 in magnitude, and the quotient is zero... or at least 2**-100 in
+    magnitude (so that nothing in the correction underflows). uint32: max(d, |n|, K - |q|)."""
+    dk = d.to(tl.uint32, bitcast=True)
+    nk = n.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
+    qk = q.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
+    return tl.maximum(tl.maximum(dk, nk), _DIV_KEY_TINY - qk)
+
+
+@triton.jit
+def _cold_path_marker(v):
+    """Marks the exact path's redo of a tile for the SASS instruction count (benchmarks/sass_budget.py
+    counts a branch arm that contains it as cold): ``pmevent 7``, a performance-monitor event that does
+    nothing else. Returns ``v``."""
+    return tl.inline_asm_elementwise(
+        "pmevent 7;\nmov.b32 $0, $1;", "=r,r", [v], dtype=v.dtype, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _rcp_key(y):
+    """The fast reciprocal's key: ``y``'s bits (>= SLOW_KEY for y >= 2**126, inf and NaN)."""
+    return y.to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -174,15 +261,17 @@ def _max_combine(a, b):
 
 
 @triton.jit
-def _sigmoid(v, HW_CVT: tl.constexpr):
-    """``1 / (1 + exp(-v))`` with an IEEE (correctly rounded) division: the backward's activation."""
-    return _recip_rn(1.0 + _exp(-v), HW_CVT)
+def _sigmoid(v, FAST: tl.constexpr):
+    """``(1 / (1 + exp(-v)), key)`` with an IEEE (correctly rounded) division: the backward's activation.
+    ``key``: the fast reciprocal's (``_rcp_key``), unused on the exact path."""
+    den = 1.0 + _exp(-v)
+    return _recip_ge1(den, FAST), _rcp_key(den)
 
 
 @triton.jit
 def _silu(a):
     """SiLU in the forward operators' order, ``a / (exp(a * -1) + 1)`` (a division, no sigmoid formed)."""
-    return _div_rn(a, _exp(a * -1.0) + 1.0)
+    return tl.math.div_rn(a, _exp(a * -1.0) + 1.0)
 
 
 @triton.jit
@@ -193,20 +282,26 @@ def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr
     - clipped, clamp_mode 0 (ClippedSwiglu 3.1): ``A~ = min(a, L)``,
       ``(A~ / (exp(A~ * -alpha) + 1)) * (clip(b, L) + bias)``;
     - clipped, clamp_mode 1 (3.2): ``min(a / (exp(a * -1) + 1), L) * clip(b, L)``.
+
+    The quotient is ``div.rn`` (ptxas: a fast path and a per-element branch): the forward has one per pair,
+    and the fast quotient's key and redo of the backward (``_div_ge1``) cost more instructions here
+    (benchmarks/sass_budget.py: 44 against 46 per element for the MX forward, 46 against 50 per pair for
+    clipped_swiglu, sm_90).
     """
     if not CLIPPED:
         y = _silu(a) * b
     elif MODE == 0:
         at = _min_nan(a, limit)
-        y = _div_rn(at, _exp(at * -alpha) + 1.0) * (_clip(b, limit) + bias)
+        y = tl.math.div_rn(at, _exp(at * -alpha) + 1.0) * (_clip(b, limit) + bias)
     else:
         y = _min_nan(_silu(a), limit) * _clip(b, limit)
     return y
 
 
 @triton.jit
-def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, HW_CVT: tl.constexpr):
-    """``(grad_a, grad_b)`` in fp32 from the widened halves and dy (``reference.glu.backward``):
+def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, FAST: tl.constexpr):
+    """``(grad_a, grad_b, key)`` in fp32 from the widened halves and dy (``reference.glu.backward``), and
+    the key of its reciprocal / division (unused on the exact path):
 
     - plain SwiGLU (SwigluBackwardMxQuantWithDualAxis 2.2): ``s = 1 / (1 + exp(-a))``,
       ``t = ((-s) + 1) * a + 1``, ``(((t * b) * s) * dy, (s * dy) * a)``;
@@ -214,7 +309,7 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
       (section 10): closed masks on the raw inputs, applied by a select (a masked position is +0.0).
     """
     if not CLIPPED:
-        s = _sigmoid(a, HW_CVT)
+        s, key = _sigmoid(a, FAST)
         t = ((-s) + 1.0) * a + 1.0
         da = ((t * b) * s) * dy
         db = (s * dy) * a
@@ -223,7 +318,9 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
             at = _min_nan(a, limit)
             # s = (A~ * 0 + 1) / (exp(A~ * -alpha) + 1): the numerator is exactly 1 (NaN for an infinite or
             # NaN A~), so its product with the correctly rounded reciprocal is that same IEEE quotient.
-            s = (at * 0.0 + 1.0) * _recip_rn(_exp(at * -alpha) + 1.0, HW_CVT)
+            den = _exp(at * -alpha) + 1.0
+            s = (at * 0.0 + 1.0) * _recip_ge1(den, FAST)
+            key = _rcp_key(den)
             db = (dy * at) * s
             t = (s * -1.0) + 1.0
             t = ((((t * at) * alpha) + 1.0) * s) * (_clip(b, limit) + bias)
@@ -231,34 +328,35 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
             a_ok = a <= limit
         else:
             den = _exp(a * -1.0) + 1.0
-            silu = _div_rn(a, den)
-            s = _recip_rn(den, HW_CVT)
+            silu = _div_ge1(a, den, FAST)
+            s = _recip_ge1(den, FAST)
+            key = _div_key(a, den, silu)  # covers the reciprocal's operand too
             db = dy * _min_nan(silu, limit)
             t = ((((s * -1.0) + 1.0) * a + 1.0) * s) * _clip(b, limit)
             da = t * dy
             a_ok = silu <= limit
         da = tl.where(a_ok, da, 0.0)
         db = tl.where((b <= limit) & (b >= -limit), db, 0.0)
-    return da, db
+    return da, db, key
 
 
 @triton.jit
 def _group_grad_fn(
     dy, g, u, w, m_r, clamp, hi, has_clamp, HAS_WEIGHT: tl.constexpr, HAS_MASK: tl.constexpr,
-    HW_CVT: tl.constexpr,
+    FAST: tl.constexpr,
 ):  # fmt: skip
-    """SwigluGroupGrad (swiglu_group_grad.md 3) in its operation order: ``(grad_gate, grad_up)``.
+    """SwigluGroupGrad (swiglu_group_grad.md 3) in its operation order: ``(grad_gate, grad_up, key)``.
 
     Open-interval masks from the raw inputs, **multiplied** (a mask of 1.0 is bit-identical to skipping the
     multiply, so the clamp is a runtime argument: ``has_clamp``, ``hi`` = clamp or +inf), the routing weight
-    ``w`` and the row mask ``m_r`` multiplied too (a masked inf/NaN stays NaN).
+    ``w`` and the row mask ``m_r`` multiplied too (a masked inf/NaN stays NaN). ``key``: the sigmoid's.
     """
     m_g = tl.where(has_clamp & ~(g < clamp), 0.0, 1.0)
     m_u = tl.where(has_clamp & ~(tl.abs(u) < clamp), 0.0, 1.0)
     # NaN-propagating min/max against [lo, hi] (+-inf without clamp): one min.NaN/max.NaN each on sm_80+.
     g = _min_nan(g, hi)
     u = _clip(u, hi)
-    s = _sigmoid(g, HW_CVT)
+    s, key = _sigmoid(g, FAST)
     f = tl.where(g == float("-inf"), 0.0, g * s)
     # g = -inf: s = 1/(1 + inf) = +0 and f = 0, so sp = (0 + 0) - 0 = +0 already; only +inf needs a fix.
     sp = tl.where(g == float("inf"), 1.0, (s + f) - (f * s))
@@ -272,7 +370,7 @@ def _group_grad_fn(
     if HAS_MASK:
         dg = dg * m_r
         du = du * m_r
-    return dg, du
+    return dg, du, key
 
 
 # --------------------------------------------------------------------- the GLU family: the layout
@@ -281,36 +379,27 @@ def _group_grad_fn(
 @triton.jit
 def _load_pairs(ptr, row_off, jb, rows_ok, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr):
     """The stored A and B elements of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start
-    at element ``row_off``; pairs past ``half`` and rows not ``rows_ok`` load zeros.
+    at element ``row_off``; pairs past ``half`` and rows not ``rows_ok`` load A = 1.0 and B = 0.0 (every
+    functor gives +0.0 there, and the fast quotient's key stays low: a zero numerator would send the tile
+    to the exact path).
 
     Chunked: A and B are the two halves (A the left one for ``a_index`` 0). Interleaved: A and B are the
-    even and odd elements (A the even one for ``a_index`` 0), two loads of stride 2 whose warps touch the
-    same sectors. (One contiguous load split in registers vectorises, but its layout differs from dy's and
-    the outputs': the layout conversions through shared memory cost more registers than the scalar
-    loads, 146 instead of 91 in the fp32 MX backward.) ``row_off``, ``jb`` and ``rows_ok`` broadcast
-    against ``[K]``; ``a_index`` may be a runtime value.
+    even and odd elements (A the even one for ``a_index`` 0): one contiguous load of the 2K elements, split
+    in registers (vector loads; two loads of stride 2 would be scalar). ``row_off``, ``jb`` and ``rows_ok``
+    broadcast against ``[K]`` (interleaved: ``[R, K]`` tiles); ``a_index`` may be a runtime value.
     """
+    if INTERLEAVED:
+        xc = 2 * jb + tl.arange(0, 2 * K)
+        a_first = a_index == 0
+        pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
+        pair = tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * half), other=pad)
+        even, odd = tl.split(tl.reshape(pair, [pair.shape[0], K, 2]))
+        return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
     j = jb + tl.arange(0, K)
     mask = rows_ok & (j < half)
-    if INTERLEAVED:
-        offs = row_off + 2 * j
-        a_off = a_index
-        b_off = 1 - a_index
-    else:
-        offs = row_off + j
-        a_off = a_index * half
-        b_off = (1 - a_index) * half
-    a = tl.load(ptr + offs + a_off, mask=mask, other=0.0)
-    b = tl.load(ptr + offs + b_off, mask=mask, other=0.0)
+    a = tl.load(ptr + row_off + j + a_index * half, mask=mask, other=1.0)
+    b = tl.load(ptr + row_off + j + (1 - a_index) * half, mask=mask, other=0.0)
     return a, b
-
-
-@triton.jit
-def _interleave_ab(va, vb, a_index):
-    """A's and B's values (``[..., K]``) at their interleaved positions (``[..., 2K]``): pair k at 2k and
-    2k + 1, A first for ``a_index`` 0."""
-    a_first = a_index == 0
-    return tl.interleave(tl.where(a_first, va, vb), tl.where(a_first, vb, va))
 
 
 @triton.jit
@@ -318,52 +407,47 @@ def _store_pairs(
     ptr, row_off, jb, rows_ok, half, a_index, va, vb, K: tl.constexpr, INTERLEAVED: tl.constexpr,
     HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """Stores A's and B's fp32 results, rounded to the output dtype, at the columns ``_load_pairs`` read."""
+    """Stores A's and B's fp32 results, rounded to the output dtype, at the columns ``_load_pairs`` read
+    (interleaved: joined in registers, one contiguous store)."""
     DTYPE: tl.constexpr = ptr.dtype.element_ty
-    j = jb + tl.arange(0, K)
-    mask = rows_ok & (j < half)
+    va = _narrow(va, DTYPE, HW_CVT)
+    vb = _narrow(vb, DTYPE, HW_CVT)
     if INTERLEAVED:
-        offs = row_off + 2 * j
-        a_off = a_index
-        b_off = 1 - a_index
+        xc = 2 * jb + tl.arange(0, 2 * K)
+        a_first = a_index == 0
+        pair = tl.join(tl.where(a_first, va, vb), tl.where(a_first, vb, va))
+        pair = tl.reshape(pair, [pair.shape[0], 2 * K])
+        tl.store(ptr + row_off + xc, pair, mask=rows_ok & (xc < 2 * half))
     else:
-        offs = row_off + j
-        a_off = a_index * half
-        b_off = (1 - a_index) * half
-    tl.store(ptr + offs + a_off, _narrow(va, DTYPE, HW_CVT), mask=mask)
-    tl.store(ptr + offs + b_off, _narrow(vb, DTYPE, HW_CVT), mask=mask)
+        j = jb + tl.arange(0, K)
+        mask = rows_ok & (j < half)
+        tl.store(ptr + row_off + j + a_index * half, va, mask=mask)
+        tl.store(ptr + row_off + j + (1 - a_index) * half, vb, mask=mask)
 
 
 # ---------------------------------------------------------- ClippedSwiglu / ClippedSwigluGrad
 
 
-@triton.jit(do_not_specialize=["rows", "n_chunks", "a_index"])
-def clipped_swiglu_kernel(
-    x_ptr, dy_ptr, valid_ptr, out_ptr,
-    rows, half, n_chunks, a_index, alpha, limit, bias,
+@triton.jit
+def _clipped_tile(
+    x_ptr, dy_ptr, out_ptr, r, row_ok, live, p0, half, a_index, alpha, limit, bias,
     BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr, HAS_MASK: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr, HW_CVT: tl.constexpr,
+    BLOCK: tl.constexpr, FAST: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """``ROWS`` rows x ``BLOCK`` pairs of ClippedSwiglu (y = the forward, rounded) or, with ``BACKWARD``,
-    ClippedSwigluGrad (grad_x at x's positions). Program ``pid`` takes row tile ``pid // n_chunks`` and pair
-    chunk ``pid % n_chunks``. Rows at or past ``valid_rows`` are not loaded and are written as +0.0."""
-    pid = tl.program_id(0)
-    r = (pid // n_chunks).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
-    p0 = (pid % n_chunks).to(tl.int64) * BLOCK
-    row_ok = r < rows
-    if HAS_MASK:
-        live = row_ok & (r < tl.load(valid_ptr))
-    else:
-        live = row_ok
+    """One tile of ``clipped_swiglu_kernel``; returns the largest key of its fast quotients (0 if exact)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     x_row = r * 2 * half  # int64 (a single row may hold 2**31 elements or more)
     a_raw, b_raw = _load_pairs(x_ptr, x_row, p0, live, half, a_index, BLOCK, INTERLEAVED)
     a = _widen(a_raw)
     b = _widen(b_raw)
-    j = p0 + tl.arange(0, BLOCK)
+    if INTERLEAVED:  # dy and y in the split's register layout: the x vector's pairs per thread
+        KVEC: tl.constexpr = 64 // x_ptr.dtype.element_ty.primitive_bitwidth
+        j = p0 + tl.max_contiguous(tl.arange(0, BLOCK), KVEC)
+    else:
+        j = p0 + tl.arange(0, BLOCK)
     if BACKWARD:
         dy = _widen(tl.load(dy_ptr + r * half + j, mask=live & (j < half), other=0.0))
-        da, db = _glu_bwd(a, b, dy, alpha, limit, bias, True, MODE, HW_CVT)
+        da, db, key = _glu_bwd(a, b, dy, alpha, limit, bias, True, MODE, FAST)
         if HAS_MASK:
             da = tl.where(live, da, 0.0)
             db = tl.where(live, db, 0.0)
@@ -373,6 +457,46 @@ def clipped_swiglu_kernel(
         if HAS_MASK:
             y = tl.where(live, y, 0.0)
         tl.store(out_ptr + r * half + j, _narrow(y, DTYPE, HW_CVT), mask=row_ok & (j < half))
+    if FAST:
+        return tl.max(key)
+    else:
+        return 0
+
+
+@triton.jit(do_not_specialize=["rows", "chunk0"])
+def clipped_swiglu_kernel(
+    x_ptr, dy_ptr, valid_ptr, out_ptr,
+    rows, half, chunk0, alpha, limit, bias,
+    A_INDEX: tl.constexpr, BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr,
+    HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, HW_CVT: tl.constexpr,
+):  # fmt: skip
+    """``ROWS`` rows x ``BLOCK`` pairs of ClippedSwiglu (y = the forward, rounded) or, with ``BACKWARD``,
+    ClippedSwigluGrad (grad_x at x's positions): row tile ``program_id(0)``, pair chunk ``chunk0 +
+    program_id(1)``.
+    Rows at or past ``valid_rows`` are not loaded and are written as +0.0. ``A_INDEX`` (which half is
+    activated) is a constexpr: a runtime value costs a select per element and half in the interleaved
+    layout.
+    ``HW_CVT``: the hardware conversions and, in the backward, the fast reciprocals and quotients, with the
+    tile again on the exact path if one of them may be inexact (the forward keeps ``div.rn``: _glu_fwd)."""
+    FAST: tl.constexpr = HW_CVT and BACKWARD
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+    p0 = (chunk0 + tl.program_id(1)).to(tl.int64) * BLOCK
+    row_ok = r < rows
+    if HAS_MASK:
+        live = row_ok & (r < tl.load(valid_ptr))
+    else:
+        live = row_ok
+    worst = _clipped_tile(
+        x_ptr, dy_ptr, out_ptr, r, row_ok, live, p0, half, A_INDEX, alpha, limit, bias,
+        BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, FAST, HW_CVT,
+    )  # fmt: skip
+    if FAST:
+        if worst >= SLOW_KEY:
+            _cold_path_marker(worst)
+            _clipped_tile(
+                x_ptr, dy_ptr, out_ptr, r, row_ok, live, p0, half, A_INDEX, alpha, limit, bias,
+                BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, False, HW_CVT,
+            )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- swiglu_group_grad
@@ -424,6 +548,8 @@ def swiglu_group_grad_kernel(
         gw = tl.zeros([ROWS], dtype=tl.float32)
     if HAS_MASK:
         m_r = tl.where(r < tl.load(valid_ptr), 1.0, 0.0)[:, None]
+    if HW_CVT:  # the largest key of the fast reciprocals, per position of the chunk
+        kmax = tl.zeros([ROWS, BLOCK_H], dtype=tl.uint32)
     if PREFETCH:
         n_dy, n_g, n_u, n_yo = _group_grad_loads(
             dy_ptr, x_ptr, yo_ptr, r, row_ok, 0, hidden, BLOCK_H, HAS_WEIGHT
@@ -439,9 +565,11 @@ def swiglu_group_grad_kernel(
                 dy_ptr, x_ptr, yo_ptr, r, row_ok, h0, hidden, BLOCK_H, HAS_WEIGHT
             )
         dy = _widen(raw_dy)
-        dg, du = _group_grad_fn(
+        dg, du, key = _group_grad_fn(
             dy, _widen(raw_g), _widen(raw_u), w, m_r, clamp, hi, has_clamp, HAS_WEIGHT, HAS_MASK, HW_CVT
         )
+        if HW_CVT:
+            kmax = tl.maximum(kmax, key)
         _store_pairs(
             gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, 0, dg, du, BLOCK_H, False, HW_CVT
         )
@@ -449,6 +577,24 @@ def swiglu_group_grad_kernel(
             gw += tl.sum(dy * _widen(raw_yo), axis=1)
     if HAS_WEIGHT:
         tl.store(gw_ptr + r, 0.0 + gw, mask=row_ok)
+    if HW_CVT:
+        # Rare: a reciprocal outside the fast path's range (gate < -87.3, or -inf) in these rows. grad_x of
+        # the rows again, on the exact path (grad_weight does not depend on it).
+        worst = tl.max(kmax)
+        if worst >= SLOW_KEY:
+            _cold_path_marker(worst)
+            for h0 in range(0, hidden, BLOCK_H):
+                raw_dy, raw_g, raw_u, _ = _group_grad_loads(
+                    dy_ptr, x_ptr, yo_ptr, r, row_ok, h0, hidden, BLOCK_H, False
+                )
+                dg, du, _ = _group_grad_fn(
+                    _widen(raw_dy), _widen(raw_g), _widen(raw_u), w, m_r, clamp, hi, has_clamp, HAS_WEIGHT,
+                    HAS_MASK, False,
+                )  # fmt: skip
+                _store_pairs(
+                    gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, 0, dg, du, BLOCK_H, False,
+                    HW_CVT,
+                )  # fmt: skip
 
 
 # ------------------------------------------------------------------ MX quantisation (both MX kernels)
@@ -573,8 +719,8 @@ def _mx_codes(
 
 @triton.jit
 def _store_codes(ptr, codes, mask, FP4: tl.constexpr):
-    """Stores element codes ``[R, NB, 32]`` (32-column blocks). FP8: a byte each, at ``ptr`` ``[R, NB, 32]``.
-    FP4: two per byte, element 2j in bits 3:0, at ``ptr`` ``[R, NB, 16]`` (one per byte)."""
+    """Stores element codes ``[.., 32]`` (the columns of 32-column blocks). FP8: a byte each, at ``ptr``
+    ``[.., 32]``. FP4: two per byte, element 2j in bits 3:0, at ``ptr`` ``[.., 16]`` (one per byte)."""
     if FP4:
         lo, hi = tl.split(tl.reshape(codes, codes.shape[:-1] + [MX_BLOCK // 2, 2]))
         tl.store(ptr, (lo | (hi << 4)).to(tl.uint8), mask=mask)
@@ -582,17 +728,44 @@ def _store_codes(ptr, codes, mask, FP4: tl.constexpr):
         tl.store(ptr, codes, mask=mask)
 
 
+# The dual-axis tile: ``[MX_R4, NB, MX_R8, K]``, 32 rows x NB column blocks; row ``MX_R4 * r8 + r4`` of the
+# 32-row block (r4 on dim 0, r8 on dim 2), column ``K * block + c``. The columns' contiguity is hinted to
+# the vector width (``_block_cols``), so Triton's coalescing gives every thread a 16-byte vector of
+# consecutive columns in each of MX_R4 consecutive rows, spreads the lanes over the columns of a block and
+# the 8 row groups, and the warps over the blocks (with more warps than blocks, over the rows): a 32 x 32
+# block lies in one warp (or two), and both amax reductions are a few registers plus lane shuffles (the old
+# [32, NB, 32] tile put the rows of a block across all warps). Addresses are a 64-bit base per program
+# (the block's first row) plus 32-bit offsets within the block (``WIDE``: 64-bit, for rows of 2**26
+# elements or more): the loop over the tiles keeps a few 32-bit row offsets instead of a 64-bit pointer
+# per row and tensor.
+MX_R4 = tl.constexpr(4)
+MX_R8 = tl.constexpr(8)
+
+
+@triton.jit
+def _block_rows():
+    """``[MX_R4, 1, MX_R8, 1]``: the rows 0..31 of a block in the tile layout."""
+    return tl.arange(0, MX_R8)[None, None, :, None] * MX_R4 + tl.arange(0, MX_R4)[:, None, None, None]
+
+
+@triton.jit
+def _block_cols(K: tl.constexpr, VEC: tl.constexpr):
+    """``[1, 1, 1, K]``: the columns of a block, hinted contiguous in runs of VEC (the vector width)."""
+    return tl.max_contiguous(tl.arange(0, K), VEC)[None, None, None, :]
+
+
 @triton.jit
 def _mx_row_block(ends_ptr, m, num_groups, blocks_per_slice, s2_rows, width, GROUPED: tl.constexpr,
-                  GROUP_CHUNK: tl.constexpr):  # fmt: skip
+                  GROUP_CHUNK: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
     """The 32-row block of this program (axis 0: batch slice x row-block), shared by both MX kernels.
 
-    Returns ``(row, rows_ok, live, first, s2_base, s2_cols, nonempty)``: the flattened [B*M] rows ``[32, 1]``
-    of the block, which of them exist (are stored), which are loaded (rows of a group; the tail past the last
-    clamped group end loads nothing, so its y1, mxscale1 and y2 come out as zeros), the slice's first
-    flattened row, the element offset of the block's mxscale2 slot (``[B, R, width, 2]``: row
-    ``base + t // 2``, slot ``t % 2``, column 0), the columns of mxscale2 to write (0 for the tail: those
-    slots stay as the caller zero-filled them), and whether the program has a block at all.
+    Returns ``(row0, rl, rows_ok, live, first, s2_base, s2_cols, nonempty)``: the block's first flattened
+    [B*M] row (int64), its rows ``[MX_R4, 1, MX_R8, 1]`` relative to row0 (int32; int64 if ``WIDE``), which
+    of them exist (are stored), which are loaded (rows of a group; the tail past the last clamped group end
+    loads nothing, so its y1, mxscale1 and y2 come out as zeros), the slice's first flattened row, the
+    element offset of the block's mxscale2 slot (``[B, R, width, 2]``: row ``base + t // 2``, slot
+    ``t % 2``, column 0), the columns of mxscale2 to write (0 for the tail: those slots stay as the caller
+    zero-filled them), and whether the program has a block at all.
     """
     pid = tl.program_id(0)
     batch = pid // blocks_per_slice
@@ -611,62 +784,72 @@ def _mx_row_block(ends_ptr, m, num_groups, blocks_per_slice, s2_rows, width, GRO
         load_end = m
         s2_cols = width
     row0 = start + MX_BLOCK * t
-    row_end = tl.minimum(row0 + MX_BLOCK, end)
     first = batch.to(tl.int64) * m  # first flattened row of the slice
-    row = first + row0 + tl.arange(0, MX_BLOCK)[:, None]
-    rows_ok = row < first + row_end
-    live = row < first + load_end
+    rl = _block_rows()
+    if WIDE:
+        rl = rl.to(tl.int64)
+    rows_ok = rl < tl.minimum(end - row0, MX_BLOCK).to(tl.int32)
+    live = rl < tl.minimum(tl.maximum(load_end - row0, 0), MX_BLOCK).to(tl.int32)
     s2_base = ((batch.to(tl.int64) * s2_rows + base + t // 2) * width) * 2 + t % 2
-    return row, rows_ok, live, first, s2_base, s2_cols, row0 < row_end
+    return first + row0, rl, rows_ok, live, first, s2_base, s2_cols, row0 < end
 
 
 @triton.jit
 def _mx_quantize(
-    v, row, rows_ok, ob, ob_ok, width, y_stride, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_base, s2_cols,
-    first, m, inv_max, emax, mbits, bias, max_code,
+    v, rl, rows_ok, ob, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
+    inv_max, emax, mbits, bias, max_code,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """Both MX quantisations of a tile ``v`` ``[32 rows, NB blocks, 32 columns]`` (fp32, the stage-1 values
-    in x's dtype, zeros outside the data): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB]``, the
-    row-wise block index; ``ob_ok``: the mxscale1 slots to write, pad slots included) of the rows ``row``.
+    """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (fp32, the stage-1 values in x's
+    dtype, zeros outside the data): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the
+    row-wise block index; ``ob_ok``: the mxscale1 slots to write, pad slots included) of the block's rows
+    ``rl`` (relative to the block's first row, where ``y1_ptr``, ``s1_ptr`` and ``y2_ptr`` point; y rows
+    have ``width`` codes, FP4 ``width / 2`` bytes).
 
-    From the same registers: the row-wise blocks (-1 axis: 32 columns of a row -> y1, mxscale1 slot ``ob``)
-    and the column-wise blocks (-2 axis: the 32 rows of a column, zero padded -> y2, mxscale2 at
-    ``s2_base + 2 * column`` for columns below ``s2_cols``). With ``TRANSPOSE_Y2`` (FP8), y2 is
-    token-contiguous, ``[B, width, M]``: row ``row - first`` of column ``c`` at ``(first * width + c * m)``.
+    From the same registers: the row-wise blocks (axis 3: 32 columns of a row -> y1, mxscale1 slot ``ob``)
+    and the column-wise blocks (axes 0 and 2: the 32 rows of a column, zero padded -> y2, mxscale2 at
+    ``s2_ptr + 2 * column`` for columns below ``s2_cols``). With ``TRANSPOSE_Y2`` (FP8), y2 is
+    token-contiguous: row ``rl`` of column ``c`` at ``y2_ptr + c * m + rl``.
     """
     # |v| as fp32 bits: they order like the magnitudes (NaN above inf), and the exact widening of a 16-bit
     # value is monotonic, so their integer max is the widened 16-bit amax of the spec.
     mag = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     ok = rows_ok & ob_ok
-    col = ob[:, :, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)  # [1, NB, 32]
+    col = ob * MX_BLOCK + _block_cols(MX_BLOCK, 8)  # [1, NB, 1, 32]
     if FP4:  # byte columns (the width is even)
-        y_col = ob[:, :, None] * (MX_BLOCK // 2) + tl.arange(0, MX_BLOCK // 2)
-        y_ok = ok[:, :, None] & (2 * y_col < width)
+        y_col = ob * (MX_BLOCK // 2) + _block_cols(MX_BLOCK // 2, 4)
+        y_ok = ok & (2 * y_col < width)
+        y_off = rl * (width // 2) + y_col
     else:
-        y_col = col
-        y_ok = ok[:, :, None] & (col < width)
-    y_off = row[:, :, None] * y_stride + y_col
-    # -1 axis: 32 consecutive columns of one row.
-    code1, recip1 = _scale_code(tl.max(mag, axis=2), inv_max, emax, SCALE_ALG, FP4)
+        y_ok = ok & (col < width)
+        y_off = rl * width + col
+    # Row-wise: 32 consecutive columns of one row.
+    code1, recip1 = _scale_code(tl.max(mag, axis=3), inv_max, emax, SCALE_ALG, FP4)  # [R4, NB, R8]
     y1 = _mx_codes(
-        v, recip1[:, :, None], (code1 == 0xFF)[:, :, None], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT
-    )
+        v, recip1[:, :, :, None], (code1 == 0xFF)[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND,
+        HW_CVT,
+    )  # fmt: skip
     _store_codes(y1_ptr + y_off, y1, y_ok, FP4)
-    tl.store(s1_ptr + row * s1_stride + ob, code1.to(tl.uint8), mask=ok)
-    # -2 axis: 32 rows of one column (rows past the block end are zeros = the padding).
-    code2, recip2 = _scale_code(tl.max(mag, axis=0), inv_max, emax, SCALE_ALG, FP4)
+    tl.store(s1_ptr + rl * s1_stride + ob, code1[:, :, :, None].to(tl.uint8), mask=ok)
+    # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
+    # rows (axis 0) first, then the lanes' (axis 2 before, 1 after the first reduction).
+    code2, recip2 = _scale_code(
+        tl.max(tl.max(mag, axis=0), axis=1), inv_max, emax, SCALE_ALG, FP4
+    )  # [NB, 32]
     y2 = _mx_codes(
-        v, recip2[None, :, :], (code2 == 0xFF)[None, :, :], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT
-    )
+        v, recip2[None, :, None, :], (code2 == 0xFF)[None, :, None, :], mbits, bias, max_code, FP4, E5M2,
+        ROUND, HW_CVT,
+    )  # fmt: skip
     if TRANSPOSE_Y2:
-        y2_off = first * width + col * m + (row[:, :, None] - first)
+        y2_off = col.to(tl.int64) * m + rl
     else:
         y2_off = y_off
     _store_codes(y2_ptr + y2_off, y2, y_ok, FP4)
-    s2_ok = ob_ok[:, :, None] & (col < s2_cols)
-    tl.store(s2_ptr + s2_base + 2 * col, code2[None, :, :].to(tl.uint8), mask=s2_ok)
+    NB: tl.constexpr = v.shape[1]
+    col2 = tl.reshape(ob, [NB, 1]) * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [NB, 32]
+    s2_ok = tl.reshape(ob_ok, [NB, 1]) & (col2 < s2_cols)
+    tl.store(s2_ptr + 2 * col2, code2.to(tl.uint8), mask=s2_ok)
 
 
 @triton.jit
@@ -707,96 +890,140 @@ def _locate_block(ends_ptr, num_groups, m, rb, GROUP_CHUNK: tl.constexpr):
 
 _MX_NOT_SPECIALIZED = [
     "m", "num_groups", "blocks_per_slice", "s2_rows", "a_index", "emax", "mbits", "bias", "max_code",
+    "n_tiles", "tiles_per_program",
 ]  # fmt: skip
+
+
+@triton.jit
+def _mx_load_pairs(x_ptr, x_off, live, pb, n, a_index, K: tl.constexpr, VEC: tl.constexpr,
+                   INTERLEAVED: tl.constexpr):  # fmt: skip
+    """A's and B's raw elements ``[MX_R4, NB, MX_R8, K]`` of the pairs ``pb + [0, K)`` (``pb`` ``[1, NB, 1,
+    1]``) of the rows at ``x_ptr + x_off``; A = 1.0 and B = 0.0 outside the data (see ``_load_pairs``).
+    Interleaved: one contiguous run of 2K x columns per block, split in registers (the same registers as a
+    chunked load: VEC consecutive pairs per thread)."""
+    if INTERLEAVED:
+        xc = 2 * pb + _block_cols(2 * K, 2 * VEC)
+        a_first = a_index == 0
+        pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
+        pair = tl.load(x_ptr + x_off + xc, mask=live & (xc < 2 * n), other=pad)
+        even, odd = tl.split(tl.reshape(pair, [MX_R4, pb.shape[1], MX_R8, K, 2]))
+        a_raw = tl.where(a_first, even, odd)
+        b_raw = tl.where(a_first, odd, even)
+    else:
+        j = pb + _block_cols(K, VEC)
+        in_n = live & (j < n)
+        a_raw = tl.load(x_ptr + x_off + j + a_index * n, mask=in_n, other=1.0)
+        b_raw = tl.load(x_ptr + x_off + j + (1 - a_index) * n, mask=in_n, other=0.0)
+    return a_raw, b_raw
+
+
+@triton.jit
+def _mx_fwd_tile(
+    xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+    m, n, s1_slots, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+    BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
+    FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr,
+):  # fmt: skip
+    """One tile (32 rows x BLOCK_N output columns) of the forward."""
+    NB: tl.constexpr = BLOCK_N // MX_BLOCK
+    DTYPE: tl.constexpr = xb.dtype.element_ty
+    VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
+    ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
+    a_raw, b_raw = _mx_load_pairs(
+        xb, rl * (2 * n), live, ob * MX_BLOCK, n, a_index, MX_BLOCK, VEC, INTERLEAVED
+    )
+    act = _glu_fwd(_widen(a_raw), _widen(b_raw), alpha, limit, glu_bias, CLIPPED, MODE)
+    if CLIPPED:  # e.g. 0 * inf = NaN for an infinite bias: the padding must stay zeros
+        act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
+    act = _round_to_dtype(act, DTYPE, HW_CVT)
+    _mx_quantize(
+        act, rl, rows_ok, ob, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m, inv_max, emax,
+        mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=[*_MX_NOT_SPECIALIZED, "s1_slots"])
 def swiglu_mx_quant_kernel(
     x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, a_index, alpha, limit, glu_bias,
-    inv_max, emax, mbits, bias, max_code,
+    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
-    SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr,
+    SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
+    HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """One 32-row block x ``BLOCK_N`` output columns (= pairs) of one batch slice of the forward operator.
+    """One 32-row block of one batch slice of the forward operator, ``tiles_per_program`` tiles of
+    ``BLOCK_N`` output columns (= pairs) from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
 
     Stage 1 (``_glu_fwd``) rounded to x's dtype (fp32 x: not rounded), then ``_mx_quantize``. Output columns
     past N are zeros (a partial last block is scaled from its real columns); the mxscale1 slots up to
-    ``s1_slots`` are written, so the pad slot of an odd block count comes out as code 0 (the launcher's grid
-    covers it).
+    ``s1_slots`` are written, so the pad slot of an odd block count comes out as code 0 (the launcher's
+    tiles cover it).
     """
-    row, rows_ok, live, first, s2_base, s2_cols, nonempty = _mx_row_block(
-        ends_ptr, m, num_groups, blocks_per_slice, s2_rows, n, GROUPED, GROUP_CHUNK
+    row0, rl, rows_ok, live, first, s2_base, s2_cols, nonempty = _mx_row_block(
+        ends_ptr, m, num_groups, blocks_per_slice, s2_rows, n, GROUPED, GROUP_CHUNK, WIDE
     )
     if not nonempty:
         return
-    NB: tl.constexpr = BLOCK_N // MX_BLOCK
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    ob = tl.program_id(1).to(tl.int64) * NB + tl.arange(0, NB)[None, :]  # row-wise block = 32 pairs, [1, NB]
-    jb = (ob * MX_BLOCK)[:, :, None]
-    live3 = live[:, :, None]
-    a_raw, b_raw = _load_pairs(x_ptr, row[:, :, None] * 2 * n, jb, live3, n, a_index, MX_BLOCK, INTERLEAVED)
-    act = _glu_fwd(_widen(a_raw), _widen(b_raw), alpha, limit, glu_bias, CLIPPED, MODE)
-    if CLIPPED:  # e.g. 0 * inf = NaN for an infinite bias: the padding must stay zeros
-        act = tl.where(live3 & (jb + tl.arange(0, MX_BLOCK) < n), act, 0.0)
-    act = _round_to_dtype(act, DTYPE, HW_CVT)
     if FP4:
-        y_stride = n // 2
+        y_width = n // 2
     else:
-        y_stride = n
-    _mx_quantize(
-        act, row, rows_ok, ob, ob < s1_slots, n, y_stride, s1_slots, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_base,
-        s2_cols, first, m, inv_max, emax, mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2,
-        HW_CVT,
-    )  # fmt: skip
+        y_width = n
+    xb = x_ptr + row0 * (2 * n)
+    y1b = y1_ptr + row0 * y_width
+    s1b = s1_ptr + row0 * s1_slots
+    if TRANSPOSE_Y2:
+        y2b = y2_ptr + first * y_width + (row0 - first)
+    else:
+        y2b = y2_ptr + row0 * y_width
+    s2b = s2_ptr + s2_base
+    t0 = tl.program_id(1) * tiles_per_program
+    for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
+        _mx_fwd_tile(
+            xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+            m, n, s1_slots, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+            BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------- SwigluBackwardMxQuantWithDualAxis (backward)
 
 
-@triton.jit(do_not_specialize=_MX_NOT_SPECIALIZED)
-def swiglu_bwd_mx_quant_kernel(
-    x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
-    m, n, num_groups, blocks_per_slice, s2_rows, a_index, alpha, limit, glu_bias,
-    inv_max, emax, mbits, bias, max_code,
-    GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
-    CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr,
+@triton.jit
+def _mx_bwd_tile(
+    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+    m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+    BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
+    E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, FAST: tl.constexpr,
+    HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """One 32-row block x ``BLOCK_N`` pairs of one batch slice of the backward operator.
-
-    Loads x and dy once, computes both halves' gradients (``_glu_bwd``), rounds them to x's dtype and
-    quantises them at x's columns: chunked, as two tiles (A's and B's half, 32 pairs per block); interleaved,
-    as one tile of ``2 * BLOCK_N`` columns (16 pairs per block).
-    """
+    """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact)."""
     c = 2 * n
-    row, rows_ok, live, first, s2_base, s2_cols, nonempty = _mx_row_block(
-        ends_ptr, m, num_groups, blocks_per_slice, s2_rows, c, GROUPED, GROUP_CHUNK
-    )
-    if not nonempty:
-        return
     K: tl.constexpr = MX_BLOCK // 2 if INTERLEAVED else MX_BLOCK  # pairs per 32-column output block
     NB: tl.constexpr = BLOCK_N // K
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    blk = tl.program_id(1).to(tl.int64) * NB + tl.arange(0, NB)[None, :]  # [1, NB]
-    jb = (blk * K)[:, :, None]
-    j = jb + tl.arange(0, K)  # pairs, [1, NB, K]
-    row3 = row[:, :, None]
-    ok = live[:, :, None] & (j < n)
-    a_raw, b_raw = _load_pairs(x_ptr, row3 * c, jb, live[:, :, None], n, a_index, K, INTERLEAVED)
-    dy = _widen(tl.load(dy_ptr + row3 * n + j, mask=ok, other=0.0))
-    ga, gb = _glu_bwd(_widen(a_raw), _widen(b_raw), dy, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)
+    DTYPE: tl.constexpr = xb.dtype.element_ty
+    VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
+    KVEC: tl.constexpr = VEC // 2 if INTERLEAVED else VEC  # pairs per thread and row
+    blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
+    j = blk * K + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
+    ok = live & (j < n)
+    a_raw, b_raw = _mx_load_pairs(xb, rl * c, live, blk * K, n, a_index, K, KVEC, INTERLEAVED)
+    dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
+    ga, gb, key = _glu_bwd(_widen(a_raw), _widen(b_raw), dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
     if CLIPPED:  # e.g. 0 * inf = NaN for an infinite alpha or bias: the padding must stay zeros
         ga = tl.where(ok, ga, 0.0)
         gb = tl.where(ok, gb, 0.0)
     ga = _round_to_dtype(ga, DTYPE, HW_CVT)
     gb = _round_to_dtype(gb, DTYPE, HW_CVT)
     if INTERLEAVED:
+        a_first = a_index == 0
+        v = tl.reshape(
+            tl.join(tl.where(a_first, ga, gb), tl.where(a_first, gb, ga)), [MX_R4, NB, MX_R8, MX_BLOCK]
+        )
         _mx_quantize(
-            _interleave_ab(ga, gb, a_index), row, rows_ok, blk, blk * K < n, c, c, c // MX_BLOCK, y1_ptr,
-            s1_ptr, y2_ptr, s2_ptr, s2_base, s2_cols, first, m, inv_max, emax, mbits, bias, max_code, False,
-            E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
+            v, rl, rows_ok, blk, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
+            emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
         )  # fmt: skip
     else:
         blk_ok = blk * MX_BLOCK < n
@@ -809,7 +1036,67 @@ def swiglu_bwd_mx_quant_kernel(
                 v = gb
                 ob = blk + (1 - a_index) * half_blocks
             _mx_quantize(
-                v, row, rows_ok, ob, blk_ok, c, c, c // MX_BLOCK, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_base,
-                s2_cols, first, m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT,
-                TRANSPOSE_Y2, HW_CVT,
+                v, rl, rows_ok, ob, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
+                emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
             )  # fmt: skip
+    if FAST:
+        return tl.max(key)
+    else:
+        return 0
+
+
+@triton.jit(do_not_specialize=_MX_NOT_SPECIALIZED)
+def swiglu_bwd_mx_quant_kernel(
+    x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
+    m, n, num_groups, blocks_per_slice, s2_rows, a_index, alpha, limit, glu_bias,
+    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program,
+    GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
+    CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, HW_CVT: tl.constexpr,
+):  # fmt: skip
+    """One 32-row block of one batch slice of the backward operator, ``tiles_per_program`` tiles of
+    ``BLOCK_N`` pairs from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
+
+    Loads x and dy once, computes both halves' gradients (``_glu_bwd``), rounds them to x's dtype and
+    quantises them at x's columns: chunked, as two tiles (A's and B's half, 32 pairs per block); interleaved,
+    as one tile of 32-column blocks of 16 pairs, split from and joined back to x's order in registers.
+    ``HW_CVT``: fast reciprocals, and a tile again on the exact path if one may be inexact.
+    """
+    c = 2 * n
+    row0, rl, rows_ok, live, first, s2_base, s2_cols, nonempty = _mx_row_block(
+        ends_ptr, m, num_groups, blocks_per_slice, s2_rows, c, GROUPED, GROUP_CHUNK, WIDE
+    )
+    if not nonempty:
+        return
+    xb = x_ptr + row0 * c
+    dyb = dy_ptr + row0 * n
+    y1b = y1_ptr + row0 * c
+    s1b = s1_ptr + row0 * (c // MX_BLOCK)
+    if TRANSPOSE_Y2:
+        y2b = y2_ptr + first * c + (row0 - first)
+    else:
+        y2b = y2_ptr + row0 * c
+    s2b = s2_ptr + s2_base
+    t0 = tl.program_id(1) * tiles_per_program
+    t1 = tl.minimum(t0 + tiles_per_program, n_tiles)
+    worst = tl.zeros((), dtype=tl.uint32)
+    for tile in range(t0, t1):
+        worst = tl.maximum(worst, _mx_bwd_tile(
+            xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+            m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+            BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, HW_CVT, HW_CVT,
+        ))  # fmt: skip
+    if HW_CVT:
+        # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
+        # tiles of half the width where one block fits (the exact path's branches need more registers).
+        K: tl.constexpr = MX_BLOCK // 2 if INTERLEAVED else MX_BLOCK  # pairs per block
+        SPLIT: tl.constexpr = 2 if BLOCK_N >= 2 * K else 1
+        if worst >= SLOW_KEY:
+            _cold_path_marker(worst)
+            for tile in range(SPLIT * t0, SPLIT * t1):
+                _mx_bwd_tile(
+                    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+                    m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+                    BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, False,
+                    HW_CVT,
+                )  # fmt: skip
