@@ -1,19 +1,40 @@
 #!/usr/bin/env bash
-# Everything the Triton backend needs checked on a CUDA GPU, in one go (for a short lease on a lent GPU):
-# the backend's test file on CUDA tensors, `swiglu-ops verify`, then benchmarks/bench_triton.py
-# (conformance at realistic sizes and > 2**31 elements, timings against the copy roofline, launch
-# configuration variants, the compiled reference). Logs and JSON go to $OUT (default: ./gpu-results).
+# Everything the Triton backend needs checked on a CUDA GPU, in one command that fits a 10-minute lease
+# (TOTAL_S, default 560 s, caps the steps): the SASS counts of the launched kernels (benchmarks/sass_budget.py,
+# compiled for this GPU's arch in the background), the backend's test file on CUDA tensors, `swiglu-ops
+# verify`, then benchmarks/bench_triton.py (every operator: conformance at realistic sizes and > 2**31
+# elements, timings against the copy roofline at the README and MoE model shapes next to the issue model's
+# prediction, the compiled reference). Extra arguments go to bench_triton.py (e.g. --tune; it needs a longer
+# TOTAL_S). Logs and JSON go to $OUT (default: ./gpu-results); copy them into benchmarks/results/ afterwards.
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"
+TOTAL_S="${TOTAL_S:-560}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
-python3 -c "import torch, triton, numba; print('torch', torch.__version__, 'triton', triton.__version__, 'numba', numba.__version__)"
+unset TRITON_INTERPRET
+left() { echo $((TOTAL_S - SECONDS)); }
+nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.mem,memory.total --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0
-timeout "${PYTEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py 2>&1 \
+# sm_90 (H100/H200) or sm_100 (B200): the issue models of sass_budget.py
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+case "$cap" in 100) arch=100 ;; *) arch=90 ;; esac
+regex=$(python3 benchmarks/bench_triton.py --sass-regex)
+timeout 180 python3 benchmarks/sass_budget.py --arch "$arch" --only "$regex" --workers 8 \
+    --json "$OUT/sass_budget.json" >"$OUT/sass_budget.log" 2>&1 &
+sass_pid=$!
+timeout "$(( $(left) < ${PYTEST_TIMEOUT:-210} ? $(left) : ${PYTEST_TIMEOUT:-210} ))" \
+    python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py 2>&1 \
     | tee "$OUT/pytest.log" | tail -25 || status=1
-python3 -m swiglu_ops verify --device cuda 2>&1 | tee "$OUT/verify.log" || status=1
-timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_triton.py --json "$OUT/bench.json" "$@" 2>&1 \
-    | tee "$OUT/bench.log" | grep -v "^\[.*tune" || status=1
+timeout 90 python3 -m swiglu_ops verify --device cuda 2>&1 | tee "$OUT/verify.log" || status=1
+wait "$sass_pid" || echo "sass_budget.py failed (see $OUT/sass_budget.log): no predicted % unless benchmarks/results/sass_budget.json exists"
+tail -3 "$OUT/sass_budget.log"
+sass=()
+[ -s "$OUT/sass_budget.json" ] && sass=(--sass "$OUT/sass_budget.json")
+bench_s=$(( $(left) - 5 ))
+(( bench_s < 120 )) && bench_s=120  # the steps before overran: the bench still gets its checks and timings
+timeout "$bench_s" python3 benchmarks/bench_triton.py --json "$OUT/bench.json" --budget $((bench_s - 90)) \
+    "${sass[@]}" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^\[.*tune" || status=1
+echo "run_gpu_checks: status $status after ${SECONDS} s; results in $OUT/ (copy them into benchmarks/results/)"
 exit $status
