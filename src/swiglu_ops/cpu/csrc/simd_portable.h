@@ -22,20 +22,43 @@ typedef vs vm; /* 16 lanes: 0 or -1 */
 #define LANES 16
 #define FOR_LANES for (int i_ = 0; i_ < LANES; i_++)
 
+/* Comparisons run on pieces of the target's native vector width (PORTABLE_NATIVE_BYTES: 16 = SSE2 / NEON
+   unless the including file says 32 = AVX2). GCC lowers a compare of a wider-than-native vector lane by
+   lane with scalar compares and branches; a native-width compare is one instruction. */
+#ifndef PORTABLE_NATIVE_BYTES
+#define PORTABLE_NATIVE_BYTES 16
+#endif
+#define PIECES (64 / PORTABLE_NATIVE_BYTES)
+typedef float vf_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
+typedef uint32_t vu_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
+typedef int32_t vs_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
+#define CMP_PIECES_T(TN, RN, RT, a, b, op)                                                                    \
+    __extension__({                                                                                          \
+        TN a_[PIECES], b_[PIECES];                                                                           \
+        RN r_[PIECES];                                                                                       \
+        RT r;                                                                                                \
+        memcpy(a_, &(a), sizeof a_);                                                                         \
+        memcpy(b_, &(b), sizeof b_);                                                                         \
+        for (int p_ = 0; p_ < PIECES; p_++) r_[p_] = (RN)(a_[p_] op b_[p_]);                                 \
+        memcpy(&r, r_, sizeof r);                                                                            \
+        r;                                                                                                   \
+    })
+#define CMP_PIECES(TN, a, b, op) CMP_PIECES_T(TN, vs_n, vm, a, b, op)
+
 /* ------------------------------------------------------------------------------------------ masks */
 INLINE vm m_all(void) { return (vm){0} == (vm){0}; }
 INLINE vm m_lanes(int64_t n) {
     const vs idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const int32_t k = (int32_t)(n > LANES ? LANES : n);
-    return idx < k;
+    const vs k = (vs){0} + (int32_t)(n > LANES ? LANES : n);
+    return CMP_PIECES(vs_n, idx, k, <);
 }
 INLINE vm m_and(vm a, vm b) { return a & b; }
 INLINE vm m_or(vm a, vm b) { return a | b; }
 INLINE vm m_not(vm a) { return ~a; }
 INLINE int m_any(vm a) {
-    int32_t r = 0;
-    FOR_LANES r |= a[i_];
-    return r != 0;
+    uint64_t w[LANES / 2]; /* eight 64-bit ORs instead of sixteen lane extractions */
+    memcpy(w, &a, sizeof w);
+    return (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) != 0;
 }
 
 /* ----------------------------------------------------------------------------------------- floats */
@@ -68,15 +91,15 @@ INLINE vf v_rint(vf a) { /* to nearest, ties to even (the default rounding mode,
 INLINE vu v_bits(vf a) { return (vu)a; }
 INLINE vf v_from_bits(vu a) { return (vf)a; }
 INLINE vf v_sel(vm m, vf a, vf b) { return (vf)(((vu)m & (vu)a) | (~(vu)m & (vu)b)); } /* m ? a : b */
-INLINE vm v_lt(vf a, vf b) { return a < b; } /* ordered: false on NaN */
-INLINE vm v_le(vf a, vf b) { return a <= b; }
-INLINE vm v_gt(vf a, vf b) { return a > b; }
-INLINE vm v_ge(vf a, vf b) { return a >= b; }
-INLINE vm v_eq(vf a, vf b) { return a == b; }
-INLINE vm v_isnan(vf a) { return ~(a == a); }
+INLINE vm v_lt(vf a, vf b) { return CMP_PIECES(vf_n, a, b, <); } /* ordered: false on NaN */
+INLINE vm v_le(vf a, vf b) { return CMP_PIECES(vf_n, a, b, <=); }
+INLINE vm v_gt(vf a, vf b) { return CMP_PIECES(vf_n, a, b, >); }
+INLINE vm v_ge(vf a, vf b) { return CMP_PIECES(vf_n, a, b, >=); }
+INLINE vm v_eq(vf a, vf b) { return CMP_PIECES(vf_n, a, b, ==); }
+INLINE vm v_isnan(vf a) { return ~v_eq(a, a); }
 /* (c < a) ? c : a and (c > a) ? c : a: a NaN ``a`` comes through (the clamps' NaN propagation). */
-INLINE vf v_minc(vf a, vf c) { return v_sel(c < a, c, a); }
-INLINE vf v_maxc(vf a, vf c) { return v_sel(c > a, c, a); }
+INLINE vf v_minc(vf a, vf c) { return v_sel(v_lt(c, a), c, a); }
+INLINE vf v_maxc(vf a, vf c) { return v_sel(v_gt(c, a), c, a); }
 INLINE vf v_neg(vf a) { return (vf)((vu)a ^ 0x80000000u); }
 
 /* ---------------------------------------------------------------------------------------- integers */
@@ -91,16 +114,16 @@ INLINE vu u_or(vu a, vu b) { return a | b; }
 #define u_shr(a, n) ((vu)(a) >> (n))
 #define s_sra(a, n) ((vu)((vs)(a) >> (n)))
 INLINE vu u_sel(vm m, vu a, vu b) { return ((vu)m & a) | (~(vu)m & b); } /* m ? a : b */
-INLINE vu u_shrv(vu a, vu n) { return u_sel((vm)(n < 32u), a >> (n & 31u), u_zero()); } /* 0 past 31 */
-INLINE vu u_min(vu a, vu b) { return u_sel(a < b, a, b); }
-INLINE vu u_max(vu a, vu b) { return u_sel(a > b, a, b); }
-INLINE vu s_max(vu a, vu b) { return u_sel((vs)a > (vs)b, a, b); }
-INLINE vm u_eq(vu a, vu b) { return (vm)(a == b); }
-INLINE vm u_lt(vu a, vu b) { return (vm)(a < b); }
-INLINE vm u_le(vu a, vu b) { return (vm)(a <= b); }
-INLINE vm u_gt(vu a, vu b) { return (vm)(a > b); }
-INLINE vm u_ge(vu a, vu b) { return (vm)(a >= b); }
-INLINE vm s_gt(vu a, vu b) { return (vs)a > (vs)b; }
+INLINE vm u_eq(vu a, vu b) { return CMP_PIECES(vu_n, a, b, ==); }
+INLINE vm u_lt(vu a, vu b) { return CMP_PIECES(vu_n, a, b, <); }
+INLINE vm u_le(vu a, vu b) { return CMP_PIECES(vu_n, a, b, <=); }
+INLINE vm u_gt(vu a, vu b) { return CMP_PIECES(vu_n, a, b, >); }
+INLINE vm u_ge(vu a, vu b) { return CMP_PIECES(vu_n, a, b, >=); }
+INLINE vm s_gt(vu a, vu b) { return CMP_PIECES(vs_n, a, b, >); }
+INLINE vu u_shrv(vu a, vu n) { return u_sel(u_lt(n, u_set(32)), a >> (n & 31u), u_zero()); } /* 0 past 31 */
+INLINE vu u_min(vu a, vu b) { return u_sel(u_lt(a, b), a, b); }
+INLINE vu u_max(vu a, vu b) { return u_sel(u_gt(a, b), a, b); }
+INLINE vu s_max(vu a, vu b) { return u_sel(s_gt(a, b), a, b); }
 INLINE uint32_t u_hmax(vu a) {
     uint32_t r = 0;
     FOR_LANES r = a[i_] > r ? a[i_] : r;
@@ -230,6 +253,8 @@ INLINE vu u_block_amax32(const uint32_t *v, int64_t nb) { return u_block_amax(v,
 typedef uint16_t vw __attribute__((vector_size(64)));
 typedef int16_t vws __attribute__((vector_size(64)));
 typedef vws vwm; /* 32 lanes: 0 or -1 */
+typedef uint16_t vw_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
+typedef int16_t vws_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
 #define FOR_WLANES for (int i_ = 0; i_ < 32; i_++)
 INLINE vw w_set(uint16_t x) { return (vw){0} + x; }
 INLINE vw w_bcast(vu v, int k) { return w_set((uint16_t)v[k]); } /* the low 16 bits of lane k */
@@ -246,7 +271,8 @@ INLINE int wm_all(vwm a, vwm m) {
 INLINE vwm w_lanes(int64_t n) {
     const vws idx = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
                      16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
-    return idx < (int16_t)(n > 32 ? 32 : n);
+    const vws k = (vws){0} + (int16_t)(n > 32 ? 32 : n);
+    return CMP_PIECES_T(vws_n, vws_n, vwm, idx, k, <);
 }
 INLINE vw w_load(const uint16_t *p, vwm m) {
     if (!wm_all(m, w_lanes(32))) return w_load_part(p, m);
@@ -271,12 +297,16 @@ INLINE vw w_or(vw a, vw b) { return a | b; }
 INLINE vw w_shr(vw a, int n) { return a >> n; }
 INLINE vw w_shl(vw a, int n) { return a << n; }
 INLINE vw w_sel(vwm m, vw a, vw b) { return ((vw)m & a) | (~(vw)m & b); } /* m ? a : b */
-INLINE vw w_shrv(vw a, vw n) { return w_sel((vwm)(n < 16), a >> (n & 15), (vw){0}); } /* 0 for counts >= 16 */
-INLINE vw w_shlv(vw a, vw n) { return w_sel((vwm)(n < 16), a << (n & 15), (vw){0}); }
-INLINE vw w_min(vw a, vw b) { return w_sel((vwm)(a < b), a, b); }
-INLINE vwm w_eq(vw a, vw b) { return (vwm)(a == b); }
-INLINE vwm w_ge_s(vw a, vw b) { return (vwm)((vws)a >= (vws)b); } /* signed */
-INLINE vwm w_ge_u(vw a, vw b) { return (vwm)(a >= b); }
+INLINE vwm w_lt_u(vw a, vw b) { return CMP_PIECES_T(vw_n, vws_n, vwm, a, b, <); }
+INLINE vwm w_eq(vw a, vw b) { return CMP_PIECES_T(vw_n, vws_n, vwm, a, b, ==); }
+INLINE vwm w_ge_s(vw a, vw b) { /* signed */
+    const vws sa = (vws)a, sb = (vws)b;
+    return CMP_PIECES_T(vws_n, vws_n, vwm, sa, sb, >=);
+}
+INLINE vwm w_ge_u(vw a, vw b) { return CMP_PIECES_T(vw_n, vws_n, vwm, a, b, >=); }
+INLINE vw w_shrv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a >> (n & 15), (vw){0}); } /* 0 for counts >= 16 */
+INLINE vw w_shlv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a << (n & 15), (vw){0}); }
+INLINE vw w_min(vw a, vw b) { return w_sel(w_lt_u(a, b), a, b); }
 INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
 INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
 INLINE vwm wm_not(vwm a) { return ~a; }
@@ -289,11 +319,11 @@ HEAVY vf v_from_fp16(vu bits) {
     const vu o = (bits & 0x7FFFu) << 13;
     const vu e = o & 0x0F800000u;
     vu r = o + 0x38000000u;
-    r = u_sel((vm)(e == 0x0F800000u), r + 0x38000000u, r);
+    r = u_sel(u_eq(e, u_set(0x0F800000u)), r + 0x38000000u, r);
     const vf sub = (vf)(r + 0x00800000u) - (vf)u_set(0x38800000u);
-    r = u_sel((vm)(e == 0), (vu)sub, r);
+    r = u_sel(u_eq(e, u_zero()), (vu)sub, r);
     r |= (bits & 0x8000u) << 16;
-    return (vf)u_sel((vm)((e == 0x0F800000u) & ((bits & 0x3FFu) != 0)), r | 0x00400000u, r);
+    return (vf)u_sel(m_and(u_eq(e, u_set(0x0F800000u)), m_not(u_eq(bits & 0x3FFu, u_zero()))), r | 0x00400000u, r);
 }
 /* fp32 -> fp16 bits, RNE, overflow to inf, subnormals kept; NaN -> 0x7E00 (canonical). */
 HEAVY vu u_to_fp16(vf v) {
@@ -304,10 +334,10 @@ HEAVY vu u_to_fp16(vf v) {
     const vu sub = (vu)((vf)a + 0.5f) - 0x3F000000u;
     /* normal: rebias and round the 13 dropped mantissa bits to nearest even (a carry may reach inf) */
     const vu nrm = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
-    vu h = u_sel((vm)(a < 0x38800000u), sub, nrm);
-    h = u_sel((vm)(a >= 0x47800000u), u_set(0x7C00u), h); /* >= 65536 (or inf): inf */
+    vu h = u_sel(u_lt(a, u_set(0x38800000u)), sub, nrm);
+    h = u_sel(u_ge(a, u_set(0x47800000u)), u_set(0x7C00u), h); /* >= 65536 (or inf): inf */
     h |= sign;
-    return u_sel((vm)(a > 0x7F800000u), u_set(0x7E00u), h);
+    return u_sel(u_gt(a, u_set(0x7F800000u)), u_set(0x7E00u), h);
 }
 /* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
 INLINE vu u_to_bf16(vf v) {
