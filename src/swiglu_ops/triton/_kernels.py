@@ -11,9 +11,9 @@ The pieces, mirroring the C backend (``cpu/csrc/glu.h``, ``mx.h``, ``numerics.h`
 - the math, one functor per direction in each CANN operator's operation order (``_glu_fwd``,
   ``_glu_bwd``: plain SwiGLU, clipped SwiGLU clamp_mode 0 / 1; ``_group_grad_fn``), built on the activations
   of A alone (``_silu``, ``_sigmoid``); ``swiglu_ops.reference.glu`` is the readable version;
-- the layout: ``_load_pairs`` / ``_store_pairs`` (``_mx_load_pairs`` for the MX tile) take A and B from a
-  row's two halves or its even/odd elements (constexpr ``INTERLEAVED``: one contiguous vector load split in
-  registers), A being the first or the second (``a_index``);
+- the layout: ``_load_pairs`` / ``_store_pairs`` take A and B from a row's two halves or its even/odd
+  elements (constexpr ``INTERLEAVED``: one contiguous vector load split in registers), A being the first or
+  the second (``a_index``), for the elementwise tiles and the MX tiles alike;
 - the MX quantisation of a tile of 32 rows x 32-column blocks along both axes (``_mx_row_block``,
   ``_mx_quantize``: scale codes, element codes, FP4 nibble packing), shared by both MX kernels; the FP8 and
   FP4 element encoders are one integer transcription of ``mx.encode`` (``_elem_code_int``).
@@ -377,7 +377,19 @@ def _group_grad_fn(
 
 
 @triton.jit
-def _load_pairs(ptr, row_off, jb, rows_ok, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _cols(K: tl.constexpr, VEC: tl.constexpr):
+    """``[0, K)``, hinted contiguous in runs of ``VEC`` (0: no hint): the MX tiles give every thread one
+    vector of VEC columns this way (see MX_R4)."""
+    if VEC == 0:
+        return tl.arange(0, K)
+    else:
+        return tl.max_contiguous(tl.arange(0, K), VEC)
+
+
+@triton.jit
+def _load_pairs(
+    ptr, row_off, jb, rows_ok, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr, VEC: tl.constexpr
+):
     """The stored A and B elements of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start
     at element ``row_off``; pairs past ``half`` and rows not ``rows_ok`` load A = 1.0 and B = 0.0 (every
     functor gives +0.0 there, and the fast quotient's key stays low: a zero numerator would send the tile
@@ -386,16 +398,17 @@ def _load_pairs(ptr, row_off, jb, rows_ok, half, a_index, K: tl.constexpr, INTER
     Chunked: A and B are the two halves (A the left one for ``a_index`` 0). Interleaved: A and B are the
     even and odd elements (A the even one for ``a_index`` 0): one contiguous load of the 2K elements, split
     in registers (vector loads; two loads of stride 2 would be scalar). ``row_off``, ``jb`` and ``rows_ok``
-    broadcast against ``[K]`` (interleaved: ``[R, K]`` tiles); ``a_index`` may be a runtime value.
+    broadcast against the trailing ``[K]``; ``a_index`` may be a runtime value; ``VEC``: the contiguity hint
+    of the pairs (``_cols``; interleaved: of the 2K elements, 2 VEC).
     """
     if INTERLEAVED:
-        xc = 2 * jb + tl.arange(0, 2 * K)
+        xc = 2 * jb + _cols(2 * K, 2 * VEC)
         a_first = a_index == 0
         pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
         pair = tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * half), other=pad)
-        even, odd = tl.split(tl.reshape(pair, [pair.shape[0], K, 2]))
+        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K, 2]))
         return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
-    j = jb + tl.arange(0, K)
+    j = jb + _cols(K, VEC)
     mask = rows_ok & (j < half)
     a = tl.load(ptr + row_off + j + a_index * half, mask=mask, other=1.0)
     b = tl.load(ptr + row_off + j + (1 - a_index) * half, mask=mask, other=0.0)
@@ -437,7 +450,7 @@ def _clipped_tile(
     """One tile of ``clipped_swiglu_kernel``; returns the largest key of its fast quotients (0 if exact)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     x_row = r * 2 * half  # int64 (a single row may hold 2**31 elements or more)
-    a_raw, b_raw = _load_pairs(x_ptr, x_row, p0, live, half, a_index, BLOCK, INTERLEAVED)
+    a_raw, b_raw = _load_pairs(x_ptr, x_row, p0, live, half, a_index, BLOCK, INTERLEAVED, 0)
     a = _widen(a_raw)
     b = _widen(b_raw)
     if INTERLEAVED:  # dy and y in the split's register layout: the x vector's pairs per thread
@@ -512,7 +525,7 @@ def _group_grad_loads(
     rows_ok = row_ok[:, None]
     offs = r[:, None] * hidden + h[None, :]
     dy = tl.load(dy_ptr + offs, mask=rows_ok & (h < hidden)[None, :], other=0.0)
-    g, u = _load_pairs(x_ptr, r[:, None] * (2 * hidden), h0, rows_ok, hidden, 0, BLOCK_H, False)
+    g, u = _load_pairs(x_ptr, r[:, None] * (2 * hidden), h0, rows_ok, hidden, 0, BLOCK_H, False, 0)
     if HAS_WEIGHT:
         yo = tl.load(yo_ptr + offs, mask=rows_ok & (h < hidden)[None, :], other=0.0)
     else:
@@ -751,7 +764,7 @@ def _block_rows():
 @triton.jit
 def _block_cols(K: tl.constexpr, VEC: tl.constexpr):
     """``[1, 1, 1, K]``: the columns of a block, hinted contiguous in runs of VEC (the vector width)."""
-    return tl.max_contiguous(tl.arange(0, K), VEC)[None, None, None, :]
+    return _cols(K, VEC)[None, None, None, :]
 
 
 @triton.jit
@@ -895,29 +908,6 @@ _MX_NOT_SPECIALIZED = [
 
 
 @triton.jit
-def _mx_load_pairs(x_ptr, x_off, live, pb, n, a_index, K: tl.constexpr, VEC: tl.constexpr,
-                   INTERLEAVED: tl.constexpr):  # fmt: skip
-    """A's and B's raw elements ``[MX_R4, NB, MX_R8, K]`` of the pairs ``pb + [0, K)`` (``pb`` ``[1, NB, 1,
-    1]``) of the rows at ``x_ptr + x_off``; A = 1.0 and B = 0.0 outside the data (see ``_load_pairs``).
-    Interleaved: one contiguous run of 2K x columns per block, split in registers (the same registers as a
-    chunked load: VEC consecutive pairs per thread)."""
-    if INTERLEAVED:
-        xc = 2 * pb + _block_cols(2 * K, 2 * VEC)
-        a_first = a_index == 0
-        pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
-        pair = tl.load(x_ptr + x_off + xc, mask=live & (xc < 2 * n), other=pad)
-        even, odd = tl.split(tl.reshape(pair, [MX_R4, pb.shape[1], MX_R8, K, 2]))
-        a_raw = tl.where(a_first, even, odd)
-        b_raw = tl.where(a_first, odd, even)
-    else:
-        j = pb + _block_cols(K, VEC)
-        in_n = live & (j < n)
-        a_raw = tl.load(x_ptr + x_off + j + a_index * n, mask=in_n, other=1.0)
-        b_raw = tl.load(x_ptr + x_off + j + (1 - a_index) * n, mask=in_n, other=0.0)
-    return a_raw, b_raw
-
-
-@triton.jit
 def _mx_fwd_tile(
     xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
     m, n, s1_slots, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
@@ -930,9 +920,7 @@ def _mx_fwd_tile(
     DTYPE: tl.constexpr = xb.dtype.element_ty
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
     ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
-    a_raw, b_raw = _mx_load_pairs(
-        xb, rl * (2 * n), live, ob * MX_BLOCK, n, a_index, MX_BLOCK, VEC, INTERLEAVED
-    )
+    a_raw, b_raw = _load_pairs(xb, rl * (2 * n), ob * MX_BLOCK, live, n, a_index, MX_BLOCK, INTERLEAVED, VEC)
     act = _glu_fwd(_widen(a_raw), _widen(b_raw), alpha, limit, glu_bias, CLIPPED, MODE)
     if CLIPPED:  # e.g. 0 * inf = NaN for an infinite bias: the padding must stay zeros
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
@@ -1008,7 +996,7 @@ def _mx_bwd_tile(
     blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
     j = blk * K + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
     ok = live & (j < n)
-    a_raw, b_raw = _mx_load_pairs(xb, rl * c, live, blk * K, n, a_index, K, KVEC, INTERLEAVED)
+    a_raw, b_raw = _load_pairs(xb, rl * c, blk * K, live, n, a_index, K, INTERLEAVED, KVEC)
     dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
     ga, gb, key = _glu_bwd(_widen(a_raw), _widen(b_raw), dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
     if CLIPPED:  # e.g. 0 * inf = NaN for an infinite alpha or bias: the padding must stay zeros
