@@ -866,6 +866,19 @@ def _mx_quantize(
 
 
 @triton.jit
+def _mx_out_bases(y1_ptr, s1_ptr, y2_ptr, s2_ptr, row0, first, s2_base, y_width, s1_width,
+                  TRANSPOSE_Y2: tl.constexpr):  # fmt: skip
+    """The block's output pointers, shared by both MX kernels: y1 and mxscale1 at row ``row0`` (rows of
+    ``y_width`` codes / bytes and ``s1_width`` scales), y2 the same or, with ``TRANSPOSE_Y2``, at token
+    ``row0 - first`` of its slice's ``[width, M]`` matrix, and the block's mxscale2 slot."""
+    if TRANSPOSE_Y2:
+        y2b = y2_ptr + first * y_width + (row0 - first)
+    else:
+        y2b = y2_ptr + row0 * y_width
+    return y1_ptr + row0 * y_width, s1_ptr + row0 * s1_width, y2b, s2_ptr + s2_base
+
+
+@triton.jit
 def _locate_block(ends_ptr, num_groups, m, rb, GROUP_CHUNK: tl.constexpr):
     """Which 32-row block the row-block program ``rb`` owns: ``(group, start, end, t)``.
 
@@ -959,13 +972,9 @@ def swiglu_mx_quant_kernel(
     else:
         y_width = n
     xb = x_ptr + row0 * (2 * n)
-    y1b = y1_ptr + row0 * y_width
-    s1b = s1_ptr + row0 * s1_slots
-    if TRANSPOSE_Y2:
-        y2b = y2_ptr + first * y_width + (row0 - first)
-    else:
-        y2b = y2_ptr + row0 * y_width
-    s2b = s2_ptr + s2_base
+    y1b, s1b, y2b, s2b = _mx_out_bases(
+        y1_ptr, s1_ptr, y2_ptr, s2_ptr, row0, first, s2_base, y_width, s1_slots, TRANSPOSE_Y2
+    )
     t0 = tl.program_id(1) * tiles_per_program
     for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
         _mx_fwd_tile(
@@ -1058,13 +1067,9 @@ def swiglu_bwd_mx_quant_kernel(
         return
     xb = x_ptr + row0 * c
     dyb = dy_ptr + row0 * n
-    y1b = y1_ptr + row0 * c
-    s1b = s1_ptr + row0 * (c // MX_BLOCK)
-    if TRANSPOSE_Y2:
-        y2b = y2_ptr + first * c + (row0 - first)
-    else:
-        y2b = y2_ptr + row0 * c
-    s2b = s2_ptr + s2_base
+    y1b, s1b, y2b, s2b = _mx_out_bases(
+        y1_ptr, s1_ptr, y2_ptr, s2_ptr, row0, first, s2_base, c, c // MX_BLOCK, TRANSPOSE_Y2
+    )
     t0 = tl.program_id(1) * tiles_per_program
     t1 = tl.minimum(t0 + tiles_per_program, n_tiles)
     worst = tl.zeros((), dtype=tl.uint32)
