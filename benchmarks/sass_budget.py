@@ -294,6 +294,12 @@ def _dtype_bytes(dt: str) -> int:
     return {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
 
 
+def _group_grad_unroll() -> int:
+    from swiglu_ops.triton import _kernels
+
+    return int(getattr(_kernels.GROUP_GRAD_UNROLL, "value", _kernels.GROUP_GRAD_UNROLL))
+
+
 def normalisation(name: str, consts: dict, options: dict, arg_names=()) -> dict:
     """How to count a specialization: ``mode`` ("loop": one iteration of the innermost hot loop, or
     "program"), the ``unit`` (pair or quantized element), the units a thread handles per iteration/program,
@@ -306,7 +312,8 @@ def normalisation(name: str, consts: dict, options: dict, arg_names=()) -> dict:
     s = _dtype_bytes(dt)
     if kind == "group_grad":
         weight = consts["HAS_WEIGHT"]
-        per = consts["ROWS"] * consts["BLOCK_H"] / threads
+        # the hidden-dim loop's body holds GROUP_GRAD_UNROLL chunks
+        per = consts["ROWS"] * consts["BLOCK_H"] * _group_grad_unroll() / threads
         # dy, gate + up, grad_gate + grad_up (+ y_origin), per pair
         return {"mode": "loop", "unit": "pair", "per_thread": per, "bytes": (6 if weight else 5) * s}
     if kind == "clipped_swiglu":

@@ -7,6 +7,7 @@ sets ``TRITON_INTERPRET=1`` before anything imports it (and so does this module,
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -502,11 +503,84 @@ def test_availability_contract():
         assert _api.resolve_backend("triton", torch.device("cpu")) is triton_backend
 
 
-def test_hw_conversions_are_opt_in_and_never_used_by_the_interpreter(monkeypatch):
-    """The PTX conversion path (swiglu_ops.triton.HW_CONVERSIONS) is off unless asked for, and the
-    interpreter, which has no inline asm, always runs the integer transcriptions."""
+def test_hw_conversions_are_opt_in(monkeypatch):
+    """The PTX conversion path (swiglu_ops.triton.HW_CONVERSIONS) is off unless asked for."""
     assert triton_backend.HW_CONVERSIONS is (os.environ.get("SWIGLU_OPS_TRITON_HW_CVT") == "1")
     monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
-    assert triton_backend._hw_cvt() is (DEVICE.type == "cuda")
+    assert triton_backend._hw_cvt() is True
     monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", False)
     assert triton_backend._hw_cvt() is False
+
+
+# ------------------------------------------------------------- the opt-in GPU path, emulated (interpreter)
+
+
+def _hw_path_cases():
+    """Every kernel on inputs that reach each key of the fast path (huge negative gates: subnormal
+    sigmoids; +-inf and NaN gates and ups; clamp boundaries; values for the clamp_mode-1 quotient),
+    both layouts, GLU variants and formats: (name, call)."""
+    gen = torch.Generator().manual_seed(23)
+    specials = torch.tensor([torch.nan, torch.inf, -torch.inf, -90.0, -87.5, 7.0, -7.0, 1e30, -1e-30])
+    ops, gpt_oss = torch.ops.swiglu_ops, {"limit": 7.0, "alpha": 1.702, "bias": 1.0}
+    cases = []
+    for dtype in (torch.bfloat16, torch.float32):
+        rows, half, k = 9, 40, len(specials)
+        x = _randn(rows, 2 * half, dtype=dtype, scale=4.0, gen=gen).cpu()
+        x[0, :k] = specials.to(dtype)
+        x[1, half : half + k] = specials.to(dtype)
+        x[2, 1 : 2 * k : 2] = specials.to(dtype)  # the B positions of the interleaved layout
+        x, dy = x.to(DEVICE), _randn(rows, half, dtype=dtype, gen=gen)
+        w, yo = torch.rand(rows, generator=gen).to(DEVICE) + 0.5, _randn(rows, half, dtype=dtype, gen=gen)
+        gi = torch.tensor([6], device=DEVICE)
+        for clamp in (0.0, 1.0):
+            cases.append((f"group_grad {dtype} clamp={clamp}", functools.partial(
+                swiglu_ops.swiglu_group_grad, dy, x, w, yo, gi, clamp, backend="triton")))  # fmt: skip
+        for inter in (False, True):
+            glu = {"interleaved": inter, **gpt_oss}
+            cases += [
+                (f"clipped_swiglu {dtype} {inter} mode={mode}", functools.partial(
+                    swiglu_ops.clipped_swiglu, x, gi, clamp_mode=mode, backend="triton", **glu))
+                for mode in (0, 1)
+            ]  # fmt: skip
+            cases.append((f"clipped_swiglu_grad {dtype} {inter}", functools.partial(
+                swiglu_ops.clipped_swiglu_grad, dy, x, gi, backend="triton", **glu)))  # fmt: skip
+            cases.append((f"clipped_swiglu_grad mode 1 {dtype} {inter}", functools.partial(
+                ops._clipped_swiglu_grad_mode1, dy, x, gi, dim=-1, limit=7.0, interleaved=inter,
+                backend="triton")))  # fmt: skip
+        mx_x, mx_dy = _mx_extreme_case(dtype, gen)
+        mx_x[10, :k] = specials.to(dtype).to(DEVICE)
+        mx_gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
+        for kw in ({}, {"interleaved": True, **gpt_oss}):
+            bwd = swiglu_ops.swiglu_backward_mx_quant_dual_axis
+            cases.append((f"bwd_mx {dtype} {kw}", functools.partial(
+                bwd, mx_x, mx_dy, mx_gi, backend="triton", **kw)))  # fmt: skip
+        for kw in FWD_COMBOS:
+            cases.append((f"fwd_mx {dtype} {kw}", functools.partial(
+                swiglu_ops.swiglu_mx_quant_dual_axis, mx_x, mx_gi, backend="triton", **kw)))  # fmt: skip
+    return cases
+
+
+def _outputs(out):
+    return [t.cpu() for t in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def _equal_bits_nan_payloads_aside(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Bitwise equal, except that NaN payloads may differ (the contract compares NaN positions: a GPU's
+    cvt.rn.bf16x2 gives 0x7FFF where the integer rounding gives 0x7FC0)."""
+    if got.dtype.is_floating_point and got.dtype.itemsize > 1:
+        assert torch.equal(got.isnan(), want.isnan()), f"{what}: NaN positions differ"
+        got, want = got.masked_fill(got.isnan(), 0), want.masked_fill(want.isnan(), 0)
+    _equal_codes(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8), what)
+
+
+def test_hw_path_gives_the_default_bytes(monkeypatch):
+    """The opt-in GPU path (HW_CVT: hardware conversions, the branch-free fast reciprocals and quotients,
+    their keys, the exact redo of a tile) runs in the interpreter with its PTX pieces emulated: it must give
+    the default path's bytes for every kernel, on inputs that reach every key. On a GPU the same test
+    compares the real PTX path with the integer path."""
+    cases = _hw_path_cases()
+    default = [_outputs(call()) for _name, call in cases]
+    monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
+    for (name, call), want in zip(cases, default, strict=True):
+        for k, (g, w) in enumerate(zip(_outputs(call()), want, strict=True)):
+            _equal_bits_nan_payloads_aside(g, w, f"{name} output {k}")

@@ -32,8 +32,10 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 #: the rare tile that needs it (``_kernels._recip_ge1``): 2.4-3x fewer SASS instructions per element in
 #: the quantizers (benchmarks/sass_budget.py). Off by default until it has run on a GPU: both paths compute
 #: the same bits by the PTX specification and ptxas's own expansions, but only the integer path has been
-#: checked on hardware (H200, bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in;
-#: the interpreter always uses the integer path.
+#: checked on hardware (H200, bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in.
+#: Under the interpreter it selects the same kernels with each PTX piece emulated (the integer conversions,
+#: an exact reciprocal that is NaN wherever the PTX one might be inexact), which must give the default
+#: path's bytes (tests/test_triton_backend.py).
 def hw_conversions_from_env(value: str | None) -> bool:
     """``SWIGLU_OPS_TRITON_HW_CVT``: unset, "" or "0" = off, "1" = on; anything else is an error."""
     if value in (None, "", "0", "1"):
@@ -88,7 +90,9 @@ def is_available(device) -> tuple[bool, str]:
 
 
 def _hw_cvt() -> bool:
-    return HW_CONVERSIONS and not INTERPRETED
+    # The interpreter has no inline asm: there the HW_CVT kernels run the same fast formulation (keys,
+    # exact redo) with emulated PTX pieces (_kernels._fast_emulated), so that CI can test it.
+    return HW_CONVERSIONS
 
 
 def _aligned(*tensors) -> bool:

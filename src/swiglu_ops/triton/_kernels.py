@@ -53,6 +53,7 @@ from triton.language.extra import libdevice
 #: when ``@triton.jit`` runs); libdevice has no interpreter implementation.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _LIBDEVICE_EXP = tl.constexpr(not INTERPRETED)
+_INTERPRETED = tl.constexpr(INTERPRETED)
 # ``HW_CVT`` (a launch-time constexpr, ``swiglu_ops.triton.HW_CONVERSIONS``): on the GPU, the correctly
 # rounded conversions as single PTX instructions (``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.e4m3x2.f32``)
 # instead of their integer transcriptions, and the backward's fast reciprocals (``FAST`` below). The
@@ -141,9 +142,19 @@ _DIV_FAST_X4 = _div_fast_x4()
 
 
 @triton.jit
+def _fast_emulated(exact, key):
+    """The fast reciprocal / quotient in the interpreter (which has no inline asm), so that the kernels' fast
+    formulation, its keys and the exact redo run in CI: the exact value where the key says the PTX gives
+    it, NaN wherever it might not (worse than the PTX, which is close there: a missing redo shows)."""
+    return tl.where(key < SLOW_KEY, exact, float("nan"))
+
+
+@triton.jit
 def _recip_ge1(y, FAST: tl.constexpr):
     """``1 / y`` correctly rounded for ``y >= 1`` or NaN (fast: exact for ``y < 2**126``, see above)."""
-    if FAST:
+    if FAST and _INTERPRETED:  # the emulation (see _fast_emulated)
+        return _fast_emulated(tl.math.div_rn(1.0, y), _rcp_key(y))
+    elif FAST:
         return tl.inline_asm_elementwise(
             _RCP_FAST_X4, "=r,=r,=r,=r,r,r,r,r", [y], dtype=tl.float32, is_pure=True, pack=4
         )
@@ -154,7 +165,10 @@ def _recip_ge1(y, FAST: tl.constexpr):
 @triton.jit
 def _div_ge1(n, d, FAST: tl.constexpr):
     """``n / d`` correctly rounded for ``d >= 1`` or NaN (fast: exact where ``_div_key`` < SLOW_KEY)."""
-    if FAST:
+    if FAST and _INTERPRETED:  # the emulation (see _fast_emulated)
+        q = tl.math.div_rn(n, d)
+        return _fast_emulated(q, _div_key(n, d, q))
+    elif FAST:
         return tl.inline_asm_elementwise(
             _DIV_FAST_X4, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [n, d], dtype=tl.float32, is_pure=True, pack=4
         )
@@ -178,9 +192,12 @@ def _cold_path_marker(v):
     """Marks the exact path's redo of a tile for the SASS instruction count (benchmarks/sass_budget.py
     counts a branch arm that contains it as cold): ``pmevent 7``, a performance-monitor event that does
     nothing else. Returns ``v``."""
-    return tl.inline_asm_elementwise(
-        "pmevent 7;\nmov.b32 $0, $1;", "=r,r", [v], dtype=v.dtype, is_pure=False, pack=1
-    )
+    if _INTERPRETED:
+        return v
+    else:
+        return tl.inline_asm_elementwise(
+            "pmevent 7;\nmov.b32 $0, $1;", "=r,r", [v], dtype=v.dtype, is_pure=False, pack=1
+        )
 
 
 @triton.jit
@@ -204,8 +221,15 @@ def _clip(v, limit):
 @triton.jit
 def _widen(v):
     """Exact widening to fp32. bf16 goes through its bits (the interpreter mis-converts bf16 subnormals)."""
-    if v.dtype == tl.bfloat16:
+    if v.dtype == tl.bfloat16 and _INTERPRETED:
         return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    elif v.dtype == tl.bfloat16:
+        # Two bf16 values in one 32-bit register: one shift or one and each (the cast extracts each half
+        # and then shifts it: two instructions for the upper one).
+        return tl.inline_asm_elementwise(
+            "shl.b32 $0, $2, 16;\nand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [v], dtype=tl.float32,
+            is_pure=True, pack=2,
+        )  # fmt: skip
     else:
         return v.to(tl.float32)
 
@@ -226,7 +250,7 @@ def _to_bf16(v, HW_CVT: tl.constexpr):
     """fp32 -> bf16, round-to-nearest-even, overflow -> inf. On the GPU one ``cvt.rn.bf16x2.f32`` per two
     elements (NaN -> the canonical NaN 0x7FFF; the contract compares NaN positions, not payloads); in the
     interpreter the integer rounding (NaN -> 0x7FC0 with its sign)."""
-    if HW_CVT:
+    if HW_CVT and not _INTERPRETED:
         return v.to(tl.bfloat16, fp_downcast_rounding="rtne")
     else:
         return _bf16_bits_rne(v).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -246,7 +270,7 @@ def _round_to_dtype(v, DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
     """fp32 ``v`` rounded to ``DTYPE`` (RNE, no saturation) and widened back to fp32 (exactly)."""
     if DTYPE == tl.float32:
         return v
-    elif DTYPE == tl.bfloat16 and not HW_CVT:
+    elif DTYPE == tl.bfloat16 and (not HW_CVT or _INTERPRETED):
         return (_bf16_bits_rne(v) << 16).to(tl.float32, bitcast=True)
     else:
         return _widen(_narrow(v, DTYPE, HW_CVT))
@@ -342,24 +366,39 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
 
 @triton.jit
 def _group_grad_fn(
-    dy, g, u, w, m_r, clamp, hi, has_clamp, HAS_WEIGHT: tl.constexpr, HAS_MASK: tl.constexpr,
+    dy, g, u, w, m_r, clamp, hi, cmp, has_clamp, HAS_WEIGHT: tl.constexpr, HAS_MASK: tl.constexpr,
     FAST: tl.constexpr,
 ):  # fmt: skip
     """SwigluGroupGrad (swiglu_group_grad.md 3) in its operation order: ``(grad_gate, grad_up, key)``.
 
     Open-interval masks from the raw inputs, **multiplied** (a mask of 1.0 is bit-identical to skipping the
-    multiply, so the clamp is a runtime argument: ``has_clamp``, ``hi`` = clamp or +inf), the routing weight
-    ``w`` and the row mask ``m_r`` multiplied too (a masked inf/NaN stays NaN). ``key``: the sigmoid's.
+    multiply, so the clamp is a runtime argument: ``has_clamp``, ``hi`` = clamp or +inf, ``cmp`` = clamp
+    or NaN), the routing weight ``w`` and the row mask ``m_r`` multiplied too (a masked inf/NaN stays NaN).
+
+    ``FAST`` (the fast reciprocal; ``key``: at least SLOW_KEY wherever this formulation may differ from the
+    exact one, whose redo then replaces the rows): the sigmoid's operand ``den`` must be below 2**126 (a
+    gate below -87.3, -inf or NaN is not), and the gate finite, which ``den + f`` checks at once (``f`` =
+    g * s is +inf for g = +inf and at least -0.28 otherwise). The infinite gates' fixes go, and the gate's
+    mask is one compare against ``cmp`` (NaN without a clamp, so that every gate passes; it differs from
+    the exact mask only for a NaN gate, which the key sends to the redo).
     """
-    m_g = tl.where(has_clamp & ~(g < clamp), 0.0, 1.0)
+    if FAST:
+        m_g = tl.where(g >= cmp, 0.0, 1.0)
+    else:
+        m_g = tl.where(has_clamp & ~(g < clamp), 0.0, 1.0)
     m_u = tl.where(has_clamp & ~(tl.abs(u) < clamp), 0.0, 1.0)
     # NaN-propagating min/max against [lo, hi] (+-inf without clamp): one min.NaN/max.NaN each on sm_80+.
     g = _min_nan(g, hi)
     u = _clip(u, hi)
     s, key = _sigmoid(g, FAST)
-    f = tl.where(g == float("-inf"), 0.0, g * s)
-    # g = -inf: s = 1/(1 + inf) = +0 and f = 0, so sp = (0 + 0) - 0 = +0 already; only +inf needs a fix.
-    sp = tl.where(g == float("inf"), 1.0, (s + f) - (f * s))
+    if FAST:
+        f = g * s
+        sp = (s + f) - (f * s)
+        key = (key.to(tl.float32, bitcast=True) + f).to(tl.uint32, bitcast=True)
+    else:
+        f = tl.where(g == float("-inf"), 0.0, g * s)
+        # g = -inf: s = 1/(1 + inf) = +0 and f = 0, so sp = (0 + 0) - 0 = +0 already; only +inf needs a fix.
+        sp = tl.where(g == float("inf"), 1.0, (s + f) - (f * s))
     dg = (dy * sp) * u
     du = dy * f
     if HAS_WEIGHT:
@@ -515,6 +554,12 @@ def clipped_swiglu_kernel(
 # ---------------------------------------------------------------------------------- swiglu_group_grad
 
 
+#: The hidden-dim loop unrolled by 2: the prefetched chunk's registers then alternate between two sets
+#: instead of being copied into the current chunk's each iteration (2.75 MOVs per pair in fp32, 1.4 PRMTs in
+#: bf16; benchmarks/sass_budget.py counts the unrolled body as GROUP_GRAD_UNROLL iterations).
+GROUP_GRAD_UNROLL = tl.constexpr(2)
+
+
 @triton.jit
 def _group_grad_loads(
     dy_ptr, x_ptr, yo_ptr, r, row_ok, h0, hidden, BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr
@@ -554,6 +599,7 @@ def swiglu_group_grad_kernel(
     row_ok = r < rows
     has_clamp = clamp > 0.0
     hi = tl.where(has_clamp, clamp, float("inf"))
+    cmp = tl.where(has_clamp, clamp, float("nan"))
     w = 1.0
     m_r = 1.0
     if HAS_WEIGHT:
@@ -567,7 +613,7 @@ def swiglu_group_grad_kernel(
         n_dy, n_g, n_u, n_yo = _group_grad_loads(
             dy_ptr, x_ptr, yo_ptr, r, row_ok, 0, hidden, BLOCK_H, HAS_WEIGHT
         )
-    for h0 in range(0, hidden, BLOCK_H):
+    for h0 in tl.range(0, hidden, BLOCK_H, loop_unroll_factor=GROUP_GRAD_UNROLL):
         if PREFETCH:
             raw_dy, raw_g, raw_u, raw_yo = n_dy, n_g, n_u, n_yo
             n_dy, n_g, n_u, n_yo = _group_grad_loads(
@@ -579,7 +625,7 @@ def swiglu_group_grad_kernel(
             )
         dy = _widen(raw_dy)
         dg, du, key = _group_grad_fn(
-            dy, _widen(raw_g), _widen(raw_u), w, m_r, clamp, hi, has_clamp, HAS_WEIGHT, HAS_MASK, HW_CVT
+            dy, _widen(raw_g), _widen(raw_u), w, m_r, clamp, hi, cmp, has_clamp, HAS_WEIGHT, HAS_MASK, HW_CVT
         )
         if HW_CVT:
             kmax = tl.maximum(kmax, key)
@@ -601,8 +647,8 @@ def swiglu_group_grad_kernel(
                     dy_ptr, x_ptr, yo_ptr, r, row_ok, h0, hidden, BLOCK_H, False
                 )
                 dg, du, _ = _group_grad_fn(
-                    _widen(raw_dy), _widen(raw_g), _widen(raw_u), w, m_r, clamp, hi, has_clamp, HAS_WEIGHT,
-                    HAS_MASK, False,
+                    _widen(raw_dy), _widen(raw_g), _widen(raw_u), w, m_r, clamp, hi, cmp, has_clamp,
+                    HAS_WEIGHT, HAS_MASK, False,
                 )  # fmt: skip
                 _store_pairs(
                     gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, 0, dg, du, BLOCK_H, False,
@@ -720,7 +766,7 @@ def _mx_codes(
         code = _elem_code_int(q, mbits, bias, max_code, True, ROUND)
         if ROUND == ROUND_FLOOR:
             code = tl.where((q == 0.0) & (v < 0.0) & (recip > 0.0) & ~nonfinite, 0x9, code)
-    elif HW_CVT:
+    elif HW_CVT and not _INTERPRETED:
         if E5M2:
             code = _cvt_fp8x4(q, _CVT_E5M2X4)
         else:
