@@ -343,8 +343,14 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
             # s = (A~ * 0 + 1) / (exp(A~ * -alpha) + 1): the numerator is exactly 1 (NaN for an infinite or
             # NaN A~), so its product with the correctly rounded reciprocal is that same IEEE quotient.
             den = _exp(at * -alpha) + 1.0
-            s = (at * 0.0 + 1.0) * _recip_ge1(den, FAST)
-            key = _rcp_key(den)
+            if FAST:
+                # The numerator is 1 unless A~ is +-inf or NaN; the key, den + |A~| (at least den), is inf
+                # or NaN there, so those tiles take the exact redo too.
+                s = _recip_ge1(den, FAST)
+                key = _rcp_key(den + tl.abs(at))
+            else:
+                s = (at * 0.0 + 1.0) * _recip_ge1(den, FAST)
+                key = _rcp_key(den)
             db = (dy * at) * s
             t = (s * -1.0) + 1.0
             t = ((((t * at) * alpha) + 1.0) * s) * (_clip(b, limit) + bias)
@@ -360,7 +366,7 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
             da = t * dy
             a_ok = silu <= limit
         da = tl.where(a_ok, da, 0.0)
-        db = tl.where((b <= limit) & (b >= -limit), db, 0.0)
+        db = tl.where(tl.abs(b) <= limit, db, 0.0)  # -L <= b <= L (false for NaN)
     return da, db, key
 
 
@@ -427,10 +433,12 @@ def _cols(K: tl.constexpr, VEC: tl.constexpr):
 
 @triton.jit
 def _load_pairs(
-    ptr, row_off, jb, rows_ok, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr, VEC: tl.constexpr
-):
+    ptr, row_off, jb, rows_ok, bound, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr,
+    VEC: tl.constexpr,
+):  # fmt: skip
     """The stored A and B elements of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start
-    at element ``row_off``; pairs past ``half`` and rows not ``rows_ok`` load A = 1.0 and B = 0.0 (every
+    at element ``row_off``; pairs from ``bound`` on (``half``, or what is left of it after ``ptr``) and
+    rows not ``rows_ok`` load A = 1.0 and B = 0.0 (every
     functor gives +0.0 there, and the fast quotient's key stays low: a zero numerator would send the tile
     to the exact path).
 
@@ -444,19 +452,19 @@ def _load_pairs(
         xc = 2 * jb + _cols(2 * K, 2 * VEC)
         a_first = a_index == 0
         pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
-        pair = tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * half), other=pad)
+        pair = tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad)
         even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K, 2]))
         return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
     j = jb + _cols(K, VEC)
-    mask = rows_ok & (j < half)
-    a = tl.load(ptr + row_off + j + a_index * half, mask=mask, other=1.0)
-    b = tl.load(ptr + row_off + j + (1 - a_index) * half, mask=mask, other=0.0)
+    mask = rows_ok & (j < bound)
+    a = tl.load((ptr + a_index * half) + (row_off + j), mask=mask, other=1.0)
+    b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask, other=0.0)
     return a, b
 
 
 @triton.jit
 def _store_pairs(
-    ptr, row_off, jb, rows_ok, half, a_index, va, vb, K: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ptr, row_off, jb, rows_ok, bound, half, a_index, va, vb, K: tl.constexpr, INTERLEAVED: tl.constexpr,
     HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """Stores A's and B's fp32 results, rounded to the output dtype, at the columns ``_load_pairs`` read
@@ -469,12 +477,12 @@ def _store_pairs(
         a_first = a_index == 0
         pair = tl.join(tl.where(a_first, va, vb), tl.where(a_first, vb, va))
         pair = tl.reshape(pair, [pair.shape[0], 2 * K])
-        tl.store(ptr + row_off + xc, pair, mask=rows_ok & (xc < 2 * half))
+        tl.store(ptr + row_off + xc, pair, mask=rows_ok & (xc < 2 * bound))
     else:
         j = jb + tl.arange(0, K)
-        mask = rows_ok & (j < half)
-        tl.store(ptr + row_off + j + a_index * half, va, mask=mask)
-        tl.store(ptr + row_off + j + (1 - a_index) * half, vb, mask=mask)
+        mask = rows_ok & (j < bound)
+        tl.store((ptr + a_index * half) + (row_off + j), va, mask=mask)
+        tl.store((ptr + (1 - a_index) * half) + (row_off + j), vb, mask=mask)
 
 
 # ---------------------------------------------------------- ClippedSwiglu / ClippedSwigluGrad
@@ -486,29 +494,41 @@ def _clipped_tile(
     BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK: tl.constexpr, FAST: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """One tile of ``clipped_swiglu_kernel``; returns the largest key of its fast quotients (0 if exact)."""
+    """One tile of ``clipped_swiglu_kernel``; returns the largest key of its fast quotients (0 if exact).
+
+    Addresses are a pointer per row at the tile's first pair (64-bit arithmetic once per row: a row may
+    hold 2**31 elements or more) plus 32-bit offsets within the tile, bounded by ``rem``, the pairs left in
+    the row. Rows past ``valid_rows`` (not ``live``, with ``HAS_MASK``) get +0.0 from a second, predicated
+    store of zeros (instead of a select per element: every functor is not +0.0 on the padding)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    x_row = r * 2 * half  # int64 (a single row may hold 2**31 elements or more)
-    a_raw, b_raw = _load_pairs(x_ptr, x_row, p0, live, half, a_index, BLOCK, INTERLEAVED, 0)
+    rem = tl.minimum(half - p0, BLOCK).to(tl.int32)
+    x_row = x_ptr + r * (2 * half)
+    xp = x_row + 2 * p0 if INTERLEAVED else x_row + p0
+    a_raw, b_raw = _load_pairs(xp, 0, 0, live, rem, half, a_index, BLOCK, INTERLEAVED, 0)
     a = _widen(a_raw)
     b = _widen(b_raw)
     if INTERLEAVED:  # dy and y in the split's register layout: the x vector's pairs per thread
         KVEC: tl.constexpr = 64 // x_ptr.dtype.element_ty.primitive_bitwidth
-        j = p0 + tl.max_contiguous(tl.arange(0, BLOCK), KVEC)
+        j = tl.max_contiguous(tl.arange(0, BLOCK), KVEC)
     else:
-        j = p0 + tl.arange(0, BLOCK)
+        j = tl.arange(0, BLOCK)
+    if HAS_MASK:
+        dead = row_ok & ~live
     if BACKWARD:
-        dy = _widen(tl.load(dy_ptr + r * half + j, mask=live & (j < half), other=0.0))
+        dy = _widen(tl.load((dy_ptr + r * half + p0) + j, mask=live & (j < rem), other=0.0))
         da, db, key = _glu_bwd(a, b, dy, alpha, limit, bias, True, MODE, FAST)
+        op = out_ptr + 2 * p0 if INTERLEAVED else out_ptr + p0
+        op = op + r * (2 * half)
+        _store_pairs(op, 0, 0, live, rem, half, a_index, da, db, BLOCK, INTERLEAVED, HW_CVT)
         if HAS_MASK:
-            da = tl.where(live, da, 0.0)
-            db = tl.where(live, db, 0.0)
-        _store_pairs(out_ptr, x_row, p0, row_ok, half, a_index, da, db, BLOCK, INTERLEAVED, HW_CVT)
+            zero = tl.zeros_like(da)
+            _store_pairs(op, 0, 0, dead, rem, half, a_index, zero, zero, BLOCK, INTERLEAVED, HW_CVT)
     else:
-        y = _glu_fwd(a, b, alpha, limit, bias, True, MODE)
+        y = _narrow(_glu_fwd(a, b, alpha, limit, bias, True, MODE), DTYPE, HW_CVT)
+        yp = (out_ptr + r * half + p0) + j
+        tl.store(yp, y, mask=live & (j < rem))
         if HAS_MASK:
-            y = tl.where(live, y, 0.0)
-        tl.store(out_ptr + r * half + j, _narrow(y, DTYPE, HW_CVT), mask=row_ok & (j < half))
+            tl.store(yp, tl.zeros_like(y), mask=dead & (j < rem))
     if FAST:
         return tl.max(key)
     else:
@@ -570,7 +590,7 @@ def _group_grad_loads(
     rows_ok = row_ok[:, None]
     offs = r[:, None] * hidden + h[None, :]
     dy = tl.load(dy_ptr + offs, mask=rows_ok & (h < hidden)[None, :], other=0.0)
-    g, u = _load_pairs(x_ptr, r[:, None] * (2 * hidden), h0, rows_ok, hidden, 0, BLOCK_H, False, 0)
+    g, u = _load_pairs(x_ptr, r[:, None] * (2 * hidden), h0, rows_ok, hidden, hidden, 0, BLOCK_H, False, 0)
     if HAS_WEIGHT:
         yo = tl.load(yo_ptr + offs, mask=rows_ok & (h < hidden)[None, :], other=0.0)
     else:
@@ -630,8 +650,9 @@ def swiglu_group_grad_kernel(
         if HW_CVT:
             kmax = tl.maximum(kmax, key)
         _store_pairs(
-            gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, 0, dg, du, BLOCK_H, False, HW_CVT
-        )
+            gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, hidden, 0, dg, du, BLOCK_H, False,
+            HW_CVT,
+        )  # fmt: skip
         if HAS_WEIGHT:
             gw += tl.sum(dy * _widen(raw_yo), axis=1)
     if HAS_WEIGHT:
@@ -651,8 +672,8 @@ def swiglu_group_grad_kernel(
                     HAS_WEIGHT, HAS_MASK, False,
                 )  # fmt: skip
                 _store_pairs(
-                    gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, 0, dg, du, BLOCK_H, False,
-                    HW_CVT,
+                    gx_ptr, r[:, None] * (2 * hidden), h0, row_ok[:, None], hidden, hidden, 0, dg, du,
+                    BLOCK_H, False, HW_CVT,
                 )  # fmt: skip
 
 
@@ -979,7 +1000,9 @@ def _mx_fwd_tile(
     DTYPE: tl.constexpr = xb.dtype.element_ty
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
     ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
-    a_raw, b_raw = _load_pairs(xb, rl * (2 * n), ob * MX_BLOCK, live, n, a_index, MX_BLOCK, INTERLEAVED, VEC)
+    a_raw, b_raw = _load_pairs(
+        xb, rl * (2 * n), ob * MX_BLOCK, live, n, n, a_index, MX_BLOCK, INTERLEAVED, VEC
+    )
     act = _glu_fwd(_widen(a_raw), _widen(b_raw), alpha, limit, glu_bias, CLIPPED, MODE)
     if CLIPPED:  # e.g. 0 * inf = NaN for an infinite bias: the padding must stay zeros
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
@@ -1051,7 +1074,7 @@ def _mx_bwd_tile(
     blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
     j = blk * K + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
     ok = live & (j < n)
-    a_raw, b_raw = _load_pairs(xb, rl * c, blk * K, live, n, a_index, K, INTERLEAVED, KVEC)
+    a_raw, b_raw = _load_pairs(xb, rl * c, blk * K, live, n, n, a_index, K, INTERLEAVED, KVEC)
     dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
     ga, gb, key = _glu_bwd(_widen(a_raw), _widen(b_raw), dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
     if CLIPPED:  # e.g. 0 * inf = NaN for an infinite alpha or bias: the padding must stay zeros
