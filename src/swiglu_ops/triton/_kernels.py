@@ -743,17 +743,25 @@ def _elem_code_int(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.conste
     return tl.where(a > 0x7F800000, 0, code | sign)
 
 
-def _cvt_fp8x4_asm(fmt: str) -> tl.constexpr:
+def _cvt_fp8x4_asm(fmt: str, masked: bool) -> tl.constexpr:
     """PTX converting four fp32 values ($1..$4) to FP8 codes packed into one 32-bit register ($0), value
     $1 in the lowest byte: each ``cvt ... d, a, b`` puts ``a`` in the upper and ``b`` in the lower byte, and
-    ``mov.b32 $0, {lo, hi}`` puts ``lo`` in the lower half."""
+    ``mov.b32 $0, {lo, hi}`` puts ``lo`` in the lower half. ``masked``: the four values share one block,
+    whose scale code is $5 (= $6..$8); a non-finite block's (0xFF) codes are all 0x00: one compare and
+    select per four codes instead of a select per value before the conversion."""
     cvt = f"cvt.rn.satfinite.{fmt}x2.f32"
-    body = f"{cvt} lo, $2, $1;\n{cvt} hi, $4, $3;\nmov.b32 $0, {{lo, hi}};"
-    return tl.constexpr("{ .reg .b16 lo, hi;\n" + body + " }")
+    if not masked:
+        body = f"{cvt} lo, $2, $1;\n{cvt} hi, $4, $3;\nmov.b32 $0, {{lo, hi}};"
+        return tl.constexpr("{ .reg .b16 lo, hi;\n" + body + " }")
+    body = f"{cvt} lo, $2, $1;\n{cvt} hi, $4, $3;\nmov.b32 c, {{lo, hi}};"
+    body += "\nsetp.eq.u32 p, $5, 255;\nselp.b32 $0, 0, c, p;"
+    return tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 c; .reg .pred p;\n" + body + " }")
 
 
-_CVT_E4M3X4 = _cvt_fp8x4_asm("e4m3")
-_CVT_E5M2X4 = _cvt_fp8x4_asm("e5m2")
+_CVT_E4M3X4 = _cvt_fp8x4_asm("e4m3", False)
+_CVT_E5M2X4 = _cvt_fp8x4_asm("e5m2", False)
+_CVT_E4M3X4_MASKED = _cvt_fp8x4_asm("e4m3", True)
+_CVT_E5M2X4_MASKED = _cvt_fp8x4_asm("e5m2", True)
 
 
 @triton.jit
@@ -762,13 +770,22 @@ def _cvt_fp8x4(q, ASM: tl.constexpr):
 
 
 @triton.jit
+def _cvt_fp8x4_masked(q, code, ASM: tl.constexpr):
+    code = tl.broadcast_to(code, q.shape)
+    return tl.inline_asm_elementwise(
+        ASM, "=r,r,r,r,r,r,r,r,r", [q, code], dtype=tl.uint8, is_pure=True, pack=4
+    )
+
+
+@triton.jit
 def _mx_codes(
-    v, recip, nonfinite, mbits, bias, max_code, FP4: tl.constexpr, E5M2: tl.constexpr, ROUND: tl.constexpr,
-    HW_CVT: tl.constexpr,
+    v, recip, code_s, mbits, bias, max_code, FP4: tl.constexpr, E5M2: tl.constexpr, ROUND: tl.constexpr,
+    HW_CVT: tl.constexpr, ROW_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """Element codes of ``v * recip``, the element rule of ``mx.quantize_blocks``: ``mx.encode`` of the exact
-    product, and 0 for every element of a NaN/inf block (``nonfinite``, where recip is NaN). FP8: uint8
-    codes; FP4: int32 nibbles (packed by :func:`_store_codes`).
+    product, and 0 for every element of a NaN/inf block (scale code ``code_s`` 0xFF, where recip is not
+    used). FP8: uint8 codes; FP4: int32 nibbles (packed by :func:`_store_codes`). ``ROW_BLOCKS``: each
+    run of four consecutive elements lies in one block (the row-wise blocks).
 
     The fp32 product is exact unless it underflows, far below every format's smallest step: the codes are
     the same, except under FP4 ``floor`` where a negative ``v`` whose product underflows to -0 still gives
@@ -780,8 +797,15 @@ def _mx_codes(
     kept, magnitudes past the largest finite (and +-inf) saturate to +-max. It turns NaN into 0x7F/0xFF,
     but a NaN product only comes from a non-finite block (finite block: finite ``v`` times a finite power
     of two), and those elements are replaced by +0.0 before the cast (in both paths), which encodes as
-    0x00. Otherwise (and in the interpreter) the integer transcription of ``mx.encode``.
+    0x00 (row-wise blocks: the four codes of one asm block are zeroed after the cast instead). Otherwise
+    (and in the interpreter) the integer transcription of ``mx.encode``.
     """
+    nonfinite = code_s == 0xFF
+    if HW_CVT and not _INTERPRETED and ROW_BLOCKS and not FP4:
+        if E5M2:
+            return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E5M2X4_MASKED)
+        else:
+            return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E4M3X4_MASKED)
     q = tl.where(nonfinite, 0.0, v * recip)
     if FP4:
         code = _elem_code_int(q, mbits, bias, max_code, True, ROUND)
@@ -907,9 +931,8 @@ def _mx_quantize(
     # Row-wise: 32 consecutive columns of one row.
     code1, recip1 = _scale_code(tl.max(mag, axis=3), inv_max, emax, SCALE_ALG, FP4)  # [R4, NB, R8]
     y1 = _mx_codes(
-        v, recip1[:, :, :, None], (code1 == 0xFF)[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND,
-        HW_CVT,
-    )  # fmt: skip
+        v, recip1[:, :, :, None], code1[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT, True
+    )
     _store_codes(y1_ptr + y_off, y1, y_ok, FP4)
     tl.store(s1_ptr + rl * s1_stride + ob, code1[:, :, :, None].to(tl.uint8), mask=ok)
     # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
@@ -918,8 +941,8 @@ def _mx_quantize(
         tl.max(tl.max(mag, axis=0), axis=1), inv_max, emax, SCALE_ALG, FP4
     )  # [NB, 32]
     y2 = _mx_codes(
-        v, recip2[None, :, None, :], (code2 == 0xFF)[None, :, None, :], mbits, bias, max_code, FP4, E5M2,
-        ROUND, HW_CVT,
+        v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT,
+        False,
     )  # fmt: skip
     if TRANSPOSE_Y2:
         y2_off = col.to(tl.int64) * m + rl
