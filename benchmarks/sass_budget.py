@@ -319,7 +319,7 @@ def normalisation(name: str, consts: dict, options: dict, arg_names=()) -> dict:
     if kind == "clipped_swiglu":
         per = consts["ROWS"] * consts["BLOCK"] / threads
         return {
-            "mode": "program",
+            "mode": "loop" if "n_chunks" in arg_names else "program",  # the chunk loop's body
             "unit": "pair",
             "per_thread": per,
             "bytes": (5 if consts["BACKWARD"] else 3) * s,

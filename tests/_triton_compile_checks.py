@@ -69,7 +69,8 @@ def _group_grad_specs():
                     name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
                     attrs = _attrs(fn, [*ptrs, "hidden"]) if aligned else {}
                     expect = {"fast_rcp"} | ({"cvt_bf16"} if dt == "bf16" else set())
-                    options = {"num_warps": backend.GROUP_GRAD_NUM_WARPS}
+                    options = {"num_warps": backend.GROUP_GRAD_NUM_WARPS,
+                               "maxnreg": backend.group_grad_maxnreg(aligned)}  # fmt: skip
                     yield name, fn, sig, {**consts, "HW_CVT": hw}, attrs, options, expect if hw else set()
 
 
@@ -177,10 +178,10 @@ def _clipped_specs():
     for dt, bwd, inter, mode, has_mask in combos:
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}" if bwd else "constexpr",
                "valid_ptr": "*i64" if has_mask else "constexpr", "out_ptr": f"*{dt}",
-               "rows": "i32", "half": "i32", "chunk0": "i32",
+               "rows": "i32", "half": "i32", "chunk0": "i32", "n_chunks": "i32",
                "alpha": "fp32", "limit": "fp32", "bias": "fp32",
                **dict.fromkeys(("A_INDEX", "BACKWARD", "INTERLEAVED", "MODE", "HAS_MASK", "ROWS", "BLOCK",
-                                "HW_CVT"), "constexpr")}  # fmt: skip
+                                "CHUNKS", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         cases = [(True, False)]
         if dt == "bf16" and has_mask and inter:
@@ -192,7 +193,8 @@ def _clipped_specs():
             attrs = _attrs(fn, [*ptrs, "half"]) if aligned else {}
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, BACKWARD=bwd, INTERLEAVED=inter, MODE=mode, HAS_MASK=has_mask,
-                          ROWS=backend.CLIPPED_ROWS, BLOCK=backend.CLIPPED_BLOCK, HW_CVT=hw)  # fmt: skip
+                          ROWS=backend.CLIPPED_ROWS, BLOCK=backend.CLIPPED_BLOCK,
+                          CHUNKS=backend.CLIPPED_CHUNKS, HW_CVT=hw)  # fmt: skip
             expect = ({"fast_rcp"} if bwd else set()) | ({"cvt_bf16"} if dt == "bf16" else set())
             options = {"num_warps": backend.CLIPPED_NUM_WARPS}
             yield name, fn, sig, consts, attrs, options, expect if hw else set()

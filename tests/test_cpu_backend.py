@@ -606,14 +606,16 @@ def test_output_cache_keeps_at_most_max_bytes_and_leaves_small_requests_to_torch
 
 class _LockThatCollects:
     """The cache's lock, with a garbage collection right after every acquisition: a collection can run at
-    any allocation, also while the cache holds its lock, and run the finalizers of freed outputs there."""
+    any allocation, also while the cache holds its lock, and run the finalizers of freed outputs there.
+    A young-generation collection, as at an allocation (the test's cycles are young; a full collection of
+    the test process's heap takes about a second)."""
 
     def __init__(self):
         self._lock = threading.Lock()
 
     def __enter__(self):
         self._lock.acquire()
-        gc.collect()
+        gc.collect(0)
         return self
 
     def __exit__(self, *exc):

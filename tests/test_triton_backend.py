@@ -170,11 +170,15 @@ def _mx_extreme_case(dtype, gen):
     return x.to(DEVICE), dy.to(DEVICE)
 
 
-@pytest.mark.parametrize("block_n", [32, 64, 128, 256])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("block_n", "dtype"),
+    [(b, torch.bfloat16) for b in (32, 64, 128, 256)] + [(64, torch.float16), (64, torch.float32)],
+)
 def test_mx_quant_tile_variants_extreme_values(monkeypatch, block_n, dtype):
-    """Every MX_BWD_BLOCK_N the benchmark tunes over, with NaN/inf/subnormal/saturating/tie inputs, both scale
-    rules and both FP8 formats, byte-exact against the reference (ragged and empty groups)."""
+    """Every MX_BWD_BLOCK_N the benchmark tunes over (bf16; fp16 and fp32 at the default width: the tile
+    code does not depend on the dtype beyond the vector width, which every other MX test covers), with
+    NaN/inf/subnormal/saturating/tie inputs, both scale rules and both FP8 formats, byte-exact against the
+    reference (ragged and empty groups)."""
     monkeypatch.setattr(triton_backend, "MX_BWD_BLOCK_N", block_n)
     x, dy = _mx_extreme_case(dtype, torch.Generator().manual_seed(block_n))
     gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
@@ -359,14 +363,15 @@ def test_mx_backward_interleaved_unaligned_and_tiles(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("rows_per_tile", "block", "max_grid_y"), [(1, 32, 65535), (4, 64, 65535), (4, 32, 2)]
+    ("rows_per_tile", "block", "chunks", "max_grid_y"),
+    [(1, 32, 1, 65535), (4, 64, 4, 65535), (4, 32, 2, 2), (2, 32, 3, 1)],
 )
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, max_grid_y, interleaved):
-    """Row tiles and pair chunks other than the default (rows cut into several chunks, a partial last one;
-    chunks over several launches, as for rows of 2**24 pairs or more) give the default tile's bits, both
-    directions and clamp modes, with masked rows and special values; the default tile matches the
-    reference within the contract."""
+def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, chunks, max_grid_y, interleaved):
+    """Row tiles, pair chunks and chunks per program other than the default (rows cut into several chunks,
+    a partial last one, programs whose last chunks are past the row; programs over several launches, as
+    for rows of 2**26 pairs or more) give the default tile's bits, both directions and clamp modes, with
+    masked rows and special values; the default tile matches the reference within the contract."""
     gen = torch.Generator().manual_seed(rows_per_tile * block)
     rows, half = 11, 70
     x = _randn(rows, 2 * half, dtype=torch.bfloat16, scale=4.0, gen=gen).cpu()
@@ -391,6 +396,7 @@ def test_clipped_tile_variants(monkeypatch, rows_per_tile, block, max_grid_y, in
         _close_values(got.cpu(), want.cpu(), "default tile vs reference")
     monkeypatch.setattr(triton_backend, "CLIPPED_ROWS", rows_per_tile)
     monkeypatch.setattr(triton_backend, "CLIPPED_BLOCK", block)
+    monkeypatch.setattr(triton_backend, "CLIPPED_CHUNKS", chunks)
     monkeypatch.setattr(triton_backend, "MAX_GRID_Y", max_grid_y)
     for got, want in zip(run("triton"), default, strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))

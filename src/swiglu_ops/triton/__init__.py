@@ -60,8 +60,10 @@ MX_GROUP_CHUNK = 128
 # variants below what their tile needs (168 registers and 40 bytes of spills for the interleaved clipped
 # backward, at 3 CTAs of 4 warps per SM); without a cap it takes up to 255 and 2 CTAs, and spills nothing.
 MX_MAXNREG = 255
-# clipped_swiglu / clipped_swiglu_grad: a program takes CLIPPED_ROWS rows x CLIPPED_BLOCK pairs (no loop).
+# clipped_swiglu / clipped_swiglu_grad: a program takes CLIPPED_ROWS rows x CLIPPED_CHUNKS chunks of
+# CLIPPED_BLOCK pairs (a loop over the chunks).
 CLIPPED_ROWS = 4
+CLIPPED_CHUNKS = 4
 # CUDA's limit of grid axes 1 and 2
 MAX_GRID_Y = 65535
 CLIPPED_BLOCK = 256
@@ -72,6 +74,15 @@ GROUP_GRAD_BLOCK_H = 256
 GROUP_GRAD_NUM_WARPS = 4
 # Issue the loads of the next hidden chunk before the math of the current one (register double buffering).
 GROUP_GRAD_PREFETCH = True
+# ptxas register budget: with the prefetch and the loop unrolled by 2 (_kernels.GROUP_GRAD_UNROLL), ptxas
+# left to itself caps fp32 with weight at 168 registers and spills 16 bytes; 192 fits every variant
+# without spills (still 2 CTAs x 4 warps per SM). Aligned tensors only: the unaligned variant (no vector
+# loads) spills under the cap and not without it.
+GROUP_GRAD_MAXNREG = 192
+
+
+def group_grad_maxnreg(aligned: bool) -> int | None:
+    return GROUP_GRAD_MAXNREG if aligned else None
 
 
 def is_available(device) -> tuple[bool, str]:
@@ -104,12 +115,13 @@ def _aligned(*tensors) -> bool:
 
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
     rows, hidden = dy.shape
+    aligned = hidden % 16 == 0 and _aligned(*(t for t in (dy, x, y_origin, grad_x) if t is not None))
     _kernels.swiglu_group_grad_kernel[(triton.cdiv(rows, GROUP_GRAD_ROWS),)](
         dy, x, weight, y_origin, valid_rows, grad_x, grad_weight,
         rows, hidden, clamp,
         HAS_WEIGHT=weight is not None, HAS_MASK=valid_rows is not None, ROWS=GROUP_GRAD_ROWS,
         BLOCK_H=GROUP_GRAD_BLOCK_H, PREFETCH=GROUP_GRAD_PREFETCH, HW_CVT=_hw_cvt(),
-        num_warps=GROUP_GRAD_NUM_WARPS, **LAUNCH_OPTIONS,
+        num_warps=GROUP_GRAD_NUM_WARPS, maxnreg=group_grad_maxnreg(aligned), **LAUNCH_OPTIONS,
     )  # fmt: skip
 
 
@@ -120,12 +132,14 @@ def _clipped(x, dy, valid_rows, glu, out, backward: bool) -> None:
     rows, cols = x.shape
     half = cols // 2
     n_chunks = triton.cdiv(half, CLIPPED_BLOCK)
-    for chunk0 in range(0, n_chunks, MAX_GRID_Y):  # one launch unless a row holds 2**24 pairs or more
-        grid = (triton.cdiv(rows, CLIPPED_ROWS), min(n_chunks - chunk0, MAX_GRID_Y))
+    n_programs = triton.cdiv(n_chunks, CLIPPED_CHUNKS)
+    for chunk0 in range(0, n_programs, MAX_GRID_Y):  # one launch unless a row holds 2**26 pairs or more
+        grid = (triton.cdiv(rows, CLIPPED_ROWS), min(n_programs - chunk0, MAX_GRID_Y))
         _kernels.clipped_swiglu_kernel[grid](
-            x, dy, valid_rows, out, rows, half, chunk0, glu.alpha, glu.limit, glu.bias,
+            x, dy, valid_rows, out, rows, half, chunk0, n_chunks, glu.alpha, glu.limit, glu.bias,
             A_INDEX=glu.a_index, BACKWARD=backward, INTERLEAVED=glu.interleaved, MODE=glu.clamp_mode,
-            HAS_MASK=valid_rows is not None, ROWS=CLIPPED_ROWS, BLOCK=CLIPPED_BLOCK, HW_CVT=_hw_cvt(),
+            HAS_MASK=valid_rows is not None, ROWS=CLIPPED_ROWS, BLOCK=CLIPPED_BLOCK, CHUNKS=CLIPPED_CHUNKS,
+            HW_CVT=_hw_cvt(),
             num_warps=CLIPPED_NUM_WARPS, **LAUNCH_OPTIONS,
         )  # fmt: skip
 

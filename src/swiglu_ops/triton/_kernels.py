@@ -494,7 +494,7 @@ def _clipped_tile(
     BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK: tl.constexpr, FAST: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """One tile of ``clipped_swiglu_kernel``; returns the largest key of its fast quotients (0 if exact).
+    """One tile of ``clipped_swiglu_kernel``; returns the keys of its fast quotients (0 if exact).
 
     Addresses are a pointer per row at the tile's first pair (64-bit arithmetic once per row: a row may
     hold 2**31 elements or more) plus 32-bit offsets within the tile, bounded by ``rem``, the pairs left in
@@ -530,21 +530,23 @@ def _clipped_tile(
         if HAS_MASK:
             tl.store(yp, tl.zeros_like(y), mask=dead & (j < rem))
     if FAST:
-        return tl.max(key)
+        return key
     else:
         return 0
 
 
-@triton.jit(do_not_specialize=["rows", "chunk0"])
+@triton.jit(do_not_specialize=["rows", "chunk0", "n_chunks"])
 def clipped_swiglu_kernel(
     x_ptr, dy_ptr, valid_ptr, out_ptr,
-    rows, half, chunk0, alpha, limit, bias,
+    rows, half, chunk0, n_chunks, alpha, limit, bias,
     A_INDEX: tl.constexpr, BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr,
-    HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, HW_CVT: tl.constexpr,
+    HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+    HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """``ROWS`` rows x ``BLOCK`` pairs of ClippedSwiglu (y = the forward, rounded) or, with ``BACKWARD``,
-    ClippedSwigluGrad (grad_x at x's positions): row tile ``program_id(0)``, pair chunk ``chunk0 +
-    program_id(1)``.
+    """``ROWS`` rows x ``CHUNKS`` chunks of ``BLOCK`` pairs of ClippedSwiglu (y = the forward, rounded) or,
+    with ``BACKWARD``, ClippedSwigluGrad (grad_x at x's positions): row tile ``program_id(0)``, the chunks
+    from ``CHUNKS * (chunk0 + program_id(1))`` on (of the ``n_chunks`` of a row), in a loop: the rows'
+    setup and the fast path's reduction of its keys are paid once per program.
     Rows at or past ``valid_rows`` are not loaded and are written as +0.0. ``A_INDEX`` (which half is
     activated) is a constexpr: a runtime value costs a select per element and half in the interleaved
     layout.
@@ -552,23 +554,31 @@ def clipped_swiglu_kernel(
     tile again on the exact path if one of them may be inexact (the forward keeps ``div.rn``: _glu_fwd)."""
     FAST: tl.constexpr = HW_CVT and BACKWARD
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
-    p0 = (chunk0 + tl.program_id(1)).to(tl.int64) * BLOCK
+    c0 = (chunk0 + tl.program_id(1)).to(tl.int64) * CHUNKS
+    c1 = tl.minimum(c0 + CHUNKS, n_chunks)
     row_ok = r < rows
     if HAS_MASK:
         live = row_ok & (r < tl.load(valid_ptr))
     else:
         live = row_ok
-    worst = _clipped_tile(
-        x_ptr, dy_ptr, out_ptr, r, row_ok, live, p0, half, A_INDEX, alpha, limit, bias,
-        BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, FAST, HW_CVT,
-    )  # fmt: skip
+    if FAST:  # the largest key per position of the tile
+        kmax = tl.zeros([ROWS, BLOCK], dtype=tl.uint32)
+    for c in range(c0, c1):
+        key = _clipped_tile(
+            x_ptr, dy_ptr, out_ptr, r, row_ok, live, c * BLOCK, half, A_INDEX, alpha, limit, bias,
+            BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, FAST, HW_CVT,
+        )  # fmt: skip
+        if FAST:
+            kmax = tl.maximum(kmax, key)
     if FAST:
+        worst = tl.max(kmax)
         if worst >= SLOW_KEY:
             _cold_path_marker(worst)
-            _clipped_tile(
-                x_ptr, dy_ptr, out_ptr, r, row_ok, live, p0, half, A_INDEX, alpha, limit, bias,
-                BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, False, HW_CVT,
-            )  # fmt: skip
+            for c in range(c0, c1):
+                _clipped_tile(
+                    x_ptr, dy_ptr, out_ptr, r, row_ok, live, c * BLOCK, half, A_INDEX, alpha, limit, bias,
+                    BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, False, HW_CVT,
+                )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- swiglu_group_grad
