@@ -129,28 +129,34 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
     else u_store8(y + col, fp8_encode(f, v_mul(v, m)), mask);
 }
 
+/* 32 values from ``v + j`` (``m``: those that exist): both FP8 code rows, y1 with their row block's
+   ``off1``/``keep1``, y2 with their columns' ``off2``/``keep2``; returns ``acc`` updated by fp8x32_track. */
+INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw off1, vw keep1, const uint16_t *off2,
+                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m) {
+    const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
+    w_store8(y1 + j, fp8x32_code(c, &p, off1, keep1), m);
+    w_store8(y2 + j, fp8x32_code(c, &p, w_load(off2 + j, m), w_load(keep2 + j, m)), m);
+    return fp8x32_track(&p, acc);
+}
+
 /* Both FP8 code rows of ``n`` <= 512 stored 16-bit values of a tile row, 32 at a time by fp8x32_code, the
-   rounding shared: y1 with the row's block scales (``q1``/``keep1``: lane k for the values 32k..32k+31,
-   ``r1`` their multipliers), y2 with the column scales (``q2``/``keep2``/``r2``: one per value). An axis
-   where fp8x32_code left a value to fp8_encode (a subnormal source) is encoded again, the whole run, by
-   fp8_encode. */
-INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, vu q1, vu keep1, vf r1,
-                            const uint16_t *q2, const uint16_t *keep2, const float *r2, int64_t n,
+   rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for the values 32k..32k+31,
+   ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``: one per value). Full
+   vectors first (plain loads and stores). If the run holds a subnormal source (fp8x32_code does not encode
+   those), both rows are encoded again, the whole run, by fp8_encode. */
+INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
+                            vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
                             const fp8x32_format *c, const mx_format *f, const int dt) {
-    vwm ok1 = w_lanes(32), ok2 = w_lanes(32);
-    for (int64_t j = 0; j < n; j += 32) {
-        const vwm m = w_lanes(n - j);
-        const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
-        vwm ok;
-        w_store8(y1 + j, fp8x32_code(c, &p, w_bcast(q1, (int)(j / 32)), w_bcast(keep1, (int)(j / 32)), &ok), m);
-        ok1 = wm_and(ok1, wm_or(ok, wm_not(m)));
-        w_store8(y2 + j, fp8x32_code(c, &p, w_load(q2 + j, m), w_load(keep2 + j, m), &ok), m);
-        ok2 = wm_and(ok2, wm_or(ok, wm_not(m)));
-    }
-    if (__builtin_expect(wm_all(ok1, w_lanes(32)) && wm_all(ok2, w_lanes(32)), 1)) return;
+    vw acc = w_set(0xFFFF);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32)
+        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32));
+    if (j < n)
+        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j));
+    if (__builtin_expect(!fp8x32_subnormal_sources(c, acc), 1)) return;
     float r[16];
     v_storef(r, r1, m_all());
-    for (int64_t j = 0; j < n; j += 16) {
+    for (j = 0; j < n; j += 16) {
         const vm m = m_lanes(n - j);
         const vf x = ld(v, j, dt, m);
         u_store8(y1 + j, fp8_encode(f, v_mul(x, v_set(r[j / 32]))), m);
@@ -175,7 +181,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
     /* -2 axis: one block per column over the task's rows (zero padding never raises the amax): the scale
        codes and factors of all columns first */
     _Alignas(64) float col_recip[2 * MX_MAX_CHUNK];
-    _Alignas(64) uint16_t col_q[2 * MX_MAX_CHUNK], col_keep[2 * MX_MAX_CHUNK];
+    _Alignas(64) uint16_t col_off[2 * MX_MAX_CHUNK], col_keep[2 * MX_MAX_CHUNK];
     uint8_t *s2 = a->s2 + ((blk->b * a->s2_rows + blk->s2_row) * W + col0) * 2 + blk->slot;
     for (int64_t j = 0; j < width; j += 16) {
         const vm m = m_lanes(width - j);
@@ -184,7 +190,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
         v_storef(col_recip + j, recip, m_all());
         if (x32) {
             vu keeps;
-            u_store16(col_q + j, fp8x32_block(&c, codes, &keeps), m_all());
+            u_store16(col_off + j, fp8x32_block(&c, codes, &keeps), m_all());
             u_store16(col_keep + j, keeps, m_all());
         }
         uint32_t cs[16];
@@ -211,10 +217,12 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
             const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
             u_store8(s1 + k0, codes, m_lanes(nb));
             if (x32) {
+                _Alignas(64) uint16_t off1[16], keep1[16];
                 vu keeps;
-                const vu qs = fp8x32_block(&c, codes, &keeps);
-                store_codes_x32(y1 + col, y2 + col, (const uint16_t *)v + col, qs, keeps, recip,
-                                col_q + col, col_keep + col, col_recip + col, n, &c, &f, dt);
+                u_store16(off1, fp8x32_block(&c, codes, &keeps), m_all());
+                u_store16(keep1, keeps, m_all());
+                store_codes_x32(y1 + col, y2 + col, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
+                                col_keep + col, col_recip + col, n, &c, &f, dt);
                 continue;
             }
             float r[16];

@@ -217,16 +217,22 @@ INLINE vw w_shr(vw a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n));
 INLINE vw w_shl(vw a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
 INLINE vw w_shrv(vw a, vw n) { return _mm512_srlv_epi16(a, n); } /* 0 for counts >= 16 */
 INLINE vw w_shlv(vw a, vw n) { return _mm512_sllv_epi16(a, n); }
+INLINE vw w_sra(vw a, int n) { return _mm512_sra_epi16(a, _mm_cvtsi32_si128(n)); } /* signed */
 INLINE vw w_min(vw a, vw b) { return _mm512_min_epu16(a, b); }
+INLINE vw w_minz(vwm m, vw a, vw b) { return _mm512_maskz_min_epu16(m, a, b); } /* m ? min(a, b) : 0 */
 INLINE vw w_sel(vwm m, vw a, vw b) { return _mm512_mask_mov_epi16(b, m, a); } /* m ? a : b */
 INLINE vwm w_eq(vw a, vw b) { return _mm512_cmpeq_epi16_mask(a, b); }
 INLINE vwm w_ge_s(vw a, vw b) { return _mm512_cmpge_epi16_mask(a, b); } /* signed */
+INLINE vwm w_lt_s(vw a, vw b) { return _mm512_cmplt_epi16_mask(a, b); } /* signed */
+INLINE vwm w_lt_u(vw a, vw b) { return _mm512_cmplt_epu16_mask(a, b); }
+INLINE vwm w_nz(vw a) { return _mm512_test_epi16_mask(a, a); } /* a != 0 */
 INLINE vwm w_ge_u(vw a, vw b) { return _mm512_cmpge_epu16_mask(a, b); }
 INLINE vwm w_lanes(int64_t n) { return n >= 32 ? (vwm)0xFFFFFFFFu : (vwm)((1u << (n > 0 ? n : 0)) - 1u); }
 INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
 INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
 INLINE vwm wm_not(vwm a) { return ~a; }
 INLINE int wm_all(vwm a, vwm m) { return (a & m) == m; }
+INLINE int wm_any(vwm a) { return a != 0; }
 
 /* ------------------------------------------------------------------------- 16-bit float conversions */
 /* fp16 bits (low 16 of each lane) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */

@@ -306,7 +306,19 @@ INLINE vwm w_ge_s(vw a, vw b) { /* signed */
 INLINE vwm w_ge_u(vw a, vw b) { return CMP_PIECES_T(vw_n, vws_n, vwm, a, b, >=); }
 INLINE vw w_shrv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a >> (n & 15), (vw){0}); } /* 0 for counts >= 16 */
 INLINE vw w_shlv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a << (n & 15), (vw){0}); }
+INLINE vw w_sra(vw a, int n) { return (vw)((vws)a >> n); } /* signed */
 INLINE vw w_min(vw a, vw b) { return w_sel(w_lt_u(a, b), a, b); }
+INLINE vw w_minz(vwm m, vw a, vw b) { return (vw)m & w_min(a, b); } /* m ? min(a, b) : 0 */
+INLINE vwm w_lt_s(vw a, vw b) { /* signed */
+    const vws sa = (vws)a, sb = (vws)b;
+    return CMP_PIECES_T(vws_n, vws_n, vwm, sa, sb, <);
+}
+INLINE vwm w_nz(vw a) { return ~w_eq(a, (vw){0}); } /* a != 0 */
+INLINE int wm_any(vwm a) {
+    uint64_t w[8]; /* eight 64-bit ORs instead of 32 lane extractions */
+    memcpy(w, &a, sizeof w);
+    return (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) != 0;
+}
 INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
 INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
 INLINE vwm wm_not(vwm a) { return ~a; }
