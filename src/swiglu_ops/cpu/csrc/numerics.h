@@ -34,6 +34,12 @@ INLINE vu narrow(vf v, const int dt) {
     return u_sel(v_isnan(v), u_set(0x7FC00000u), v_bits(v));
 }
 
+/* The same for 32 results (lo: lanes 0-15, hi: 16-31) of a 16-bit ``dt``, as 16-bit lanes. */
+INLINE vw narrow2(vf lo, vf hi, const int dt) {
+    if (dt == SWIGLU_BF16) return w_to_bf16x2(lo, hi);
+    return w_pack(u_to_fp16(lo), u_to_fp16(hi));
+}
+
 /* 16 stored elements from element ``i`` of ``base`` (masked lanes give 0). */
 INLINE vu ld_bits(const void *base, int64_t i, const int dt, vm m) {
     if (dt == SWIGLU_FP32) return u_load32((const uint32_t *)base + i, m);

@@ -309,6 +309,25 @@ INLINE vw w_shlv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a << (n & 15),
 INLINE vw w_sra(vw a, int n) { return (vw)((vws)a >> n); } /* signed */
 INLINE vw w_min(vw a, vw b) { return w_sel(w_lt_u(a, b), a, b); }
 INLINE vw w_minz(vwm m, vw a, vw b) { return (vw)m & w_min(a, b); } /* m ? min(a, b) : 0 */
+INLINE vw w_max(vw a, vw b) { return w_sel(w_lt_u(a, b), b, a); }
+/* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
+INLINE vw w_pack(vu lo, vu hi) {
+    vw r;
+    FOR_LANES {
+        r[i_] = (uint16_t)lo[i_];
+        r[i_ + 16] = (uint16_t)hi[i_];
+    }
+    return r;
+}
+/* Lanes 0-15 to the even lanes, 16-31 to the odd ones. */
+INLINE vw w_interleave(vw a) {
+    vw r;
+    FOR_LANES {
+        r[2 * i_] = a[i_];
+        r[2 * i_ + 1] = a[i_ + 16];
+    }
+    return r;
+}
 INLINE vwm w_lt_s(vw a, vw b) { /* signed */
     const vws sa = (vws)a, sb = (vws)b;
     return CMP_PIECES_T(vws_n, vws_n, vwm, sa, sb, <);
@@ -357,5 +376,8 @@ INLINE vu u_to_bf16(vf v) {
     const vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return u_sel(v_isnan(v), u_set(0x7FC0u), r);
 }
+
+/* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes. */
+INLINE vw w_to_bf16x2(vf lo, vf hi) { return w_pack(u_to_bf16(lo), u_to_bf16(hi)); }
 
 #endif
