@@ -223,9 +223,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
             u_store16(col_off + j, fp8x32_block(&c, codes, &keeps), m_all());
             u_store16(col_keep + j, keeps, m_all());
         }
-        uint32_t cs[16];
-        u_store32(cs, codes, m_all());
-        for (int64_t k = 0; k < 16 && j + k < width; k++) s2[2 * (j + k)] = (uint8_t)cs[k];
+        u_store8_even(s2 + 2 * j, codes, m); /* every other byte: mxscale2's two 32-row slots */
     }
     /* -1 axis: per row and per 16 blocks of 32 columns, the amax, scale codes and factors; then the element
        codes of those columns on both axes. y1 and y2 point at the segment's first column (FP4: its byte);
@@ -241,8 +239,11 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
         for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
             const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16, col = 32 * k0;
             const int64_t n = width - col < 32 * nb ? width - col : 32 * nb;
-            const vu amax = dt == SWIGLU_FP32 ? u_block_amax32((const uint32_t *)v + col, nb)
-                                              : u_block_amax16((const uint16_t *)v + col, nb);
+            /* (16 blocks, the usual case, as a constant: the tree then stays in registers) */
+            const vu amax = dt == SWIGLU_FP32 ? (nb == 16 ? u_block_amax32((const uint32_t *)v + col, 16)
+                                                          : u_block_amax32((const uint32_t *)v + col, nb))
+                                              : (nb == 16 ? u_block_amax16((const uint16_t *)v + col, 16)
+                                                          : u_block_amax16((const uint16_t *)v + col, nb));
             vf recip;
             const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
             u_store8(s1 + k0, codes, m_lanes(nb));

@@ -95,6 +95,10 @@ INLINE void u_store8(uint8_t *p, vu a, vm m) {
     if (FULL16(m)) _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(a));
     else _mm512_mask_cvtepi32_storeu_epi8(p, m, a);
 }
+/* The low byte of lane k to p[2k] (the odd bytes are left alone). */
+INLINE void u_store8_even(uint8_t *p, vu a, vm m) {
+    _mm256_mask_storeu_epi8(p, (__mmask32)_pdep_u32(m, 0x55555555u), _mm512_cvtepi32_epi16(a));
+}
 INLINE vf v_loadf(const float *p, vm m) { return FULL16(m) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p); }
 INLINE void v_storef(float *p, vf a, vm m) {
     if (FULL16(m)) _mm512_storeu_ps(p, a);

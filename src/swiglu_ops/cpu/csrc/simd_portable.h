@@ -180,6 +180,8 @@ INLINE void u_store32(uint32_t *p, vu a, vm m) {
     if (!FULL(m)) u_store32_part(p, a, m);
     else memcpy(p, &a, sizeof a);
 }
+/* The low byte of lane k to p[2k] (the odd bytes are left alone). */
+INLINE void u_store8_even(uint8_t *p, vu a, vm m) { FOR_LANES if (m[i_]) p[2 * i_] = (uint8_t)a[i_]; }
 INLINE void u_store8(uint8_t *p, vu a, vm m) {
     if (!FULL(m)) {
         u_store8_part(p, a, m);
