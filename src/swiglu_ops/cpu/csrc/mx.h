@@ -35,15 +35,12 @@ typedef struct {
 
 /* ------------------------------------------------------------------------------------------ stage 1 */
 
-/* 16 pairs of one row of a task's stage 1: the rounded GLU results as stored bits into the tile row ``t``
-   (output-column order) and the running amax of their magnitude bits per tile column into ``col_amax``.
-   ``xa``/``xb``: the row's A and B halves (chunked: from the task's first pair; interleaved: ``xa`` the
-   row's first pair, ``xb`` unused); ``ta``/``tb``: where A's and B's results go in the tile row (chunked);
-   ``m``: the pairs that exist. A constant full ``m`` gives plain loads and stores. */
-INLINE void mx_stage1_vec(const glu_consts *c, const char *xa, const char *xb, const char *dy, char *t,
-                          uint32_t *col_amax, int64_t q, int64_t ta, int64_t tb, int a_index, vm m, const int dt,
-                          const int bwd, const int inter, const int clipped) {
-    const vu mag = u_set(dt == SWIGLU_FP32 ? 0x7FFFFFFFu : 0x7FFFu);
+/* The stage-1 results of 16 pairs of a row, in fp32: the forward's in *ya (+0 in the lanes past the pairs),
+   the backward's A and B gradients in *ya and *yb. ``xa``/``xb``: the row's A and B halves (chunked: from
+   the task's first pair; interleaved: ``xa`` the row's first pair, ``xb`` unused); ``m``: the pairs that
+   exist. A constant full ``m`` gives plain loads. */
+INLINE void mx_pairs(const glu_consts *c, const char *xa, const char *xb, const char *dy, int64_t q, int a_index,
+                     vm m, const int dt, const int bwd, const int inter, const int clipped, vf *ya, vf *yb) {
     vu ab, bb;
     if (inter) {
         vu even, odd;
@@ -55,39 +52,72 @@ INLINE void mx_stage1_vec(const glu_consts *c, const char *xa, const char *xb, c
         bb = ld_bits(xb, q, dt, m);
     }
     const vf av = widen(ab, dt), bv = widen(bb, dt);
-    if (!bwd) { /* lanes past the pairs store +0, up to the next 32 columns */
-        const vu y = u_sel(m, narrow(glu_fwd(c, av, ab, bv, clipped, 0, dt), dt), u_zero());
-        st_bits(t, q, y, dt, m_all());
-        u_store32(col_amax + q, u_max(u_load32(col_amax + q, m_all()), u_and(y, mag)), m_all());
+    if (!bwd) *ya = v_sel(m, glu_fwd(c, av, ab, bv, clipped, 0, dt), v_zero());
+    else glu_bwd(c, av, ab, bv, ld(dy, q, dt, m), clipped, 0, dt, ya, yb);
+}
+
+/* Stored values into a tile row from column ``col`` and the running amax of their magnitude bits per
+   column (``ca``): 32 16-bit values, or 16 fp32 ones. */
+INLINE void tile_put16(uint16_t *t, uint16_t *ca, int64_t col, vw v, vwm m) {
+    w_store(t + col, v, m);
+    w_store(ca + col, w_max(w_load(ca + col, m), w_and(v, w_set(0x7FFF))), m);
+}
+INLINE void tile_put32(uint32_t *t, uint32_t *ca, int64_t col, vu v, vm m) {
+    u_store32(t + col, v, m);
+    u_store32(ca + col, u_max(u_load32(ca + col, m), u_and(v, u_set(0x7FFFFFFF))), m);
+}
+
+/* One step of a row's stage 1 from pair ``q``, ``n`` pairs left (a constant >= 32 gives full vectors): the
+   rounded results as stored bits into the tile row ``t`` (output-column order; chunked: A's and B's results
+   at ``ta``/``tb``) and their column amax into ``ca``. 16-bit results are rounded 32 at a time (narrow2):
+   32 pairs per step, or 16 for the interleaved backward (32 results); fp32: 16 pairs. The forward fills
+   its lanes past the pairs with +0, up to the next 32 columns, so that a partial block reads zeros. */
+INLINE void mx_stage1_step(const glu_consts *c, const char *xa, const char *xb, const char *dy, void *t, void *ca,
+                           int64_t q, int64_t n, int64_t ta, int64_t tb, int a_index, const int dt, const int bwd,
+                           const int inter, const int clipped) {
+    vf ya, yb, ya2, yb2;
+    mx_pairs(c, xa, xb, dy, q, a_index, m_lanes(n), dt, bwd, inter, clipped, &ya, &yb);
+    if (dt == SWIGLU_FP32) {
+        if (!bwd) {
+            tile_put32(t, ca, q, narrow(ya, dt), m_all());
+        } else if (inter) { /* one segment: A and B at their own columns */
+            const vu even = narrow(a_index ? yb : ya, dt), odd = narrow(a_index ? ya : yb, dt);
+            const vm m = m_lanes(n);
+            u_store32_pairs((uint32_t *)t + 2 * q, even, odd, m);
+            vu ce, co;
+            u_load32_pairs((uint32_t *)ca + 2 * q, m, &ce, &co);
+            u_store32_pairs((uint32_t *)ca + 2 * q, u_max(ce, u_and(even, u_set(0x7FFFFFFF))),
+                            u_max(co, u_and(odd, u_set(0x7FFFFFFF))), m);
+        } else { /* two segments: x's left half first */
+            tile_put32(t, ca, ta + q, narrow(ya, dt), m_lanes(n));
+            tile_put32(t, ca, tb + q, narrow(yb, dt), m_lanes(n));
+        }
         return;
     }
-    vf ga, gb;
-    glu_bwd(c, av, ab, bv, ld(dy, q, dt, m), clipped, 0, dt, &ga, &gb);
-    const vu ya = narrow(ga, dt), yb = narrow(gb, dt);
-    if (inter) { /* one segment: A and B at their own columns */
-        const vu even = a_index ? yb : ya, odd = a_index ? ya : yb;
-        st_bits_pairs(t, q, even, odd, dt, m);
-        vu ce, co;
-        u_load32_pairs(col_amax + 2 * q, m, &ce, &co);
-        u_store32_pairs(col_amax + 2 * q, u_max(ce, u_and(even, mag)), u_max(co, u_and(odd, mag)), m);
+    if (bwd && inter) { /* 16 pairs, 32 results at their own columns */
+        const vw v = w_interleave(narrow2(a_index ? yb : ya, a_index ? ya : yb, dt));
+        tile_put16(t, ca, 2 * q, v, w_lanes(2 * n));
         return;
     }
-    st_bits(t, ta + q, ya, dt, m); /* two segments: x's left half first */
-    st_bits(t, tb + q, yb, dt, m);
-    u_store32(col_amax + ta + q, u_max(u_load32(col_amax + ta + q, m), u_and(ya, mag)), m);
-    u_store32(col_amax + tb + q, u_max(u_load32(col_amax + tb + q, m), u_and(yb, mag)), m);
+    mx_pairs(c, xa, xb, dy, q + 16, a_index, m_lanes(n - 16), dt, bwd, inter, clipped, &ya2, &yb2);
+    if (!bwd) {
+        tile_put16(t, ca, q, narrow2(ya, ya2, dt), w_lanes(32));
+        return;
+    }
+    tile_put16(t, ca, ta + q, narrow2(ya, ya2, dt), w_lanes(n));
+    tile_put16(t, ca, tb + q, narrow2(yb, yb2, dt), w_lanes(n));
 }
 
 /* Rows of a task: mx_stage1_vec over the task's pairs, full vectors first. The forward stores +0 past its
    pairs up to the next 32 columns, so that a partial block reads zeros. */
 INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
-                      uint32_t *col_amax, const int dt, const int bwd, const int inter, const int clipped) {
+                      void *col_amax, const int dt, const int bwd, const int inter, const int clipped) {
     const swiglu_mx_args *a = job->a;
     const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
     const int a_index = a->glu.a_index;
     const glu_consts c = glu_setup(&a->glu, &job->act, &job->act);
     const int64_t span = bwd ? w : (w + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK; /* pairs to store */
-    const int64_t full = w / 16 * 16;
+    const int64_t step = dt == SWIGLU_FP32 || (bwd && inter) ? 16 : 32; /* pairs per mx_stage1_step */
     /* chunked: A's and B's first pair in the row, and their tile segments (x's left half first) */
     const int64_t xa = inter ? 2 * p0 : p0 + a_index * half, xb = p0 + (1 - a_index) * half;
     const int64_t ta = a_index * job->chunk, tb = (1 - a_index) * job->chunk;
@@ -108,12 +138,12 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
             }
         }
         int64_t q = 0;
-        for (; q < full; q += 16)
-            mx_stage1_vec(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, ta, tb, a_index, m_all(), dt, bwd,
-                          inter, clipped);
-        for (; q < span; q += 16)
-            mx_stage1_vec(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, ta, tb, a_index, m_lanes(w - q), dt,
-                          bwd, inter, clipped);
+        for (; q + step <= w; q += step)
+            mx_stage1_step(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, 32, ta, tb, a_index, dt, bwd, inter,
+                           clipped);
+        for (; q < span; q += step)
+            mx_stage1_step(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, w - q, ta, tb, a_index, dt, bwd, inter,
+                           clipped);
     }
 }
 
@@ -129,28 +159,34 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
     else u_store8(y + col, fp8_encode(f, v_mul(v, m)), mask);
 }
 
+/* 32 values from ``v + j`` (``m``: those that exist): both FP8 code rows, y1 with their row block's
+   ``off1``/``keep1``, y2 with their columns' ``off2``/``keep2``; returns ``acc`` updated by fp8x32_track. */
+INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw off1, vw keep1, const uint16_t *off2,
+                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m) {
+    const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
+    w_store8(y1 + j, fp8x32_code(c, &p, off1, keep1), m);
+    w_store8(y2 + j, fp8x32_code(c, &p, w_load(off2 + j, m), w_load(keep2 + j, m)), m);
+    return fp8x32_track(&p, acc);
+}
+
 /* Both FP8 code rows of ``n`` <= 512 stored 16-bit values of a tile row, 32 at a time by fp8x32_code, the
-   rounding shared: y1 with the row's block scales (``q1``/``keep1``: lane k for the values 32k..32k+31,
-   ``r1`` their multipliers), y2 with the column scales (``q2``/``keep2``/``r2``: one per value). An axis
-   where fp8x32_code left a value to fp8_encode (a subnormal source) is encoded again, the whole run, by
-   fp8_encode. */
-INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, vu q1, vu keep1, vf r1,
-                            const uint16_t *q2, const uint16_t *keep2, const float *r2, int64_t n,
+   rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for the values 32k..32k+31,
+   ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``: one per value). Full
+   vectors first (plain loads and stores). If the run holds a subnormal source (fp8x32_code does not encode
+   those), both rows are encoded again, the whole run, by fp8_encode. */
+INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
+                            vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
                             const fp8x32_format *c, const mx_format *f, const int dt) {
-    vwm ok1 = w_lanes(32), ok2 = w_lanes(32);
-    for (int64_t j = 0; j < n; j += 32) {
-        const vwm m = w_lanes(n - j);
-        const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
-        vwm ok;
-        w_store8(y1 + j, fp8x32_code(c, &p, w_bcast(q1, (int)(j / 32)), w_bcast(keep1, (int)(j / 32)), &ok), m);
-        ok1 = wm_and(ok1, wm_or(ok, wm_not(m)));
-        w_store8(y2 + j, fp8x32_code(c, &p, w_load(q2 + j, m), w_load(keep2 + j, m), &ok), m);
-        ok2 = wm_and(ok2, wm_or(ok, wm_not(m)));
-    }
-    if (__builtin_expect(wm_all(ok1, w_lanes(32)) && wm_all(ok2, w_lanes(32)), 1)) return;
+    vw acc = w_set(0xFFFF);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32)
+        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32));
+    if (j < n)
+        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j));
+    if (__builtin_expect(!fp8x32_subnormal_sources(c, acc), 1)) return;
     float r[16];
     v_storef(r, r1, m_all());
-    for (int64_t j = 0; j < n; j += 16) {
+    for (j = 0; j < n; j += 16) {
         const vm m = m_lanes(n - j);
         const vf x = ld(v, j, dt, m);
         u_store8(y1 + j, fp8_encode(f, v_mul(x, v_set(r[j / 32]))), m);
@@ -163,7 +199,7 @@ INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, vu q1, 
    fp8x32_encode (32 at a time, the rounding shared by both axes); FP4 codes and fp32 values the
    per-element encoders. */
 INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile, int64_t ts,
-                        const uint32_t *col_amax, int64_t tc, int64_t col0, int64_t width, const int dt,
+                        const void *col_amax, int64_t tc, int64_t col0, int64_t width, const int dt,
                         const int fp4) {
     const swiglu_mx_args *a = job->a;
     const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
@@ -175,21 +211,19 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
     /* -2 axis: one block per column over the task's rows (zero padding never raises the amax): the scale
        codes and factors of all columns first */
     _Alignas(64) float col_recip[2 * MX_MAX_CHUNK];
-    _Alignas(64) uint16_t col_q[2 * MX_MAX_CHUNK], col_keep[2 * MX_MAX_CHUNK];
+    _Alignas(64) uint16_t col_off[2 * MX_MAX_CHUNK], col_keep[2 * MX_MAX_CHUNK];
     uint8_t *s2 = a->s2 + ((blk->b * a->s2_rows + blk->s2_row) * W + col0) * 2 + blk->slot;
     for (int64_t j = 0; j < width; j += 16) {
         const vm m = m_lanes(width - j);
         vf recip;
-        const vu codes = scale_codes(&f, amax_f32(u_load32(col_amax + tc + j, m), dt), &recip);
+        const vu codes = scale_codes(&f, amax_f32(ld_bits(col_amax, tc + j, dt, m), dt), &recip);
         v_storef(col_recip + j, recip, m_all());
         if (x32) {
             vu keeps;
-            u_store16(col_q + j, fp8x32_block(&c, codes, &keeps), m_all());
+            u_store16(col_off + j, fp8x32_block(&c, codes, &keeps), m_all());
             u_store16(col_keep + j, keeps, m_all());
         }
-        uint32_t cs[16];
-        u_store32(cs, codes, m_all());
-        for (int64_t k = 0; k < 16 && j + k < width; k++) s2[2 * (j + k)] = (uint8_t)cs[k];
+        u_store8_even(s2 + 2 * j, codes, m); /* every other byte: mxscale2's two 32-row slots */
     }
     /* -1 axis: per row and per 16 blocks of 32 columns, the amax, scale codes and factors; then the element
        codes of those columns on both axes. y1 and y2 point at the segment's first column (FP4: its byte);
@@ -205,16 +239,21 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
         for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
             const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16, col = 32 * k0;
             const int64_t n = width - col < 32 * nb ? width - col : 32 * nb;
-            const vu amax = dt == SWIGLU_FP32 ? u_block_amax32((const uint32_t *)v + col, nb)
-                                              : u_block_amax16((const uint16_t *)v + col, nb);
+            /* (16 blocks, the usual case, as a constant: the tree then stays in registers) */
+            const vu amax = dt == SWIGLU_FP32 ? (nb == 16 ? u_block_amax32((const uint32_t *)v + col, 16)
+                                                          : u_block_amax32((const uint32_t *)v + col, nb))
+                                              : (nb == 16 ? u_block_amax16((const uint16_t *)v + col, 16)
+                                                          : u_block_amax16((const uint16_t *)v + col, nb));
             vf recip;
             const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
             u_store8(s1 + k0, codes, m_lanes(nb));
             if (x32) {
+                _Alignas(64) uint16_t off1[16], keep1[16];
                 vu keeps;
-                const vu qs = fp8x32_block(&c, codes, &keeps);
-                store_codes_x32(y1 + col, y2 + col, (const uint16_t *)v + col, qs, keeps, recip,
-                                col_q + col, col_keep + col, col_recip + col, n, &c, &f, dt);
+                u_store16(off1, fp8x32_block(&c, codes, &keeps), m_all());
+                u_store16(keep1, keeps, m_all());
+                store_codes_x32(y1 + col, y2 + col, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
+                                col_keep + col, col_recip + col, n, &c, &f, dt);
                 continue;
             }
             float r[16];
@@ -240,12 +279,12 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
 
 /* One function per specialisation of each phase (see glu.h): stage 1 per (dtype, direction, layout,
    variant), the quantisation per (dtype, FP8 or FP4). */
-typedef void (*mx_stage1_fn)(const mx_job *, const mx_block *, int64_t, int64_t, void *, int64_t, uint32_t *);
-typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const void *, int64_t, const uint32_t *, int64_t,
+typedef void (*mx_stage1_fn)(const mx_job *, const mx_block *, int64_t, int64_t, void *, int64_t, void *);
+typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const void *, int64_t, const void *, int64_t,
                                int64_t, int64_t);
 #define MX_STAGE1_SPEC(DTN, BWD, INTER, CLIPPED)                                                              \
     PHASE void mx_stage1_##DTN##_##BWD##INTER##CLIPPED(const mx_job *job, const mx_block *blk, int64_t p0,    \
-                                                       int64_t w, void *tile, int64_t ts, uint32_t *col_amax) { \
+                                                       int64_t w, void *tile, int64_t ts, void *col_amax) {     \
         mx_stage1(job, blk, p0, w, tile, ts, col_amax, SWIGLU_##DTN, BWD, INTER, CLIPPED);                   \
     }
 #define MX_STAGE1_SPECS(DTN)                                                                            \
@@ -254,7 +293,7 @@ typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const void *, i
     MX_STAGE1_SPEC(DTN, 1, 1, 0) MX_STAGE1_SPEC(DTN, 1, 1, 1)
 #define MX_QUANTISE_SPEC(DTN, FP4)                                                                           \
     PHASE void mx_quantise_##DTN##_##FP4(const mx_job *job, const mx_block *blk, const void *tile, int64_t ts, \
-                                         const uint32_t *col_amax, int64_t tc, int64_t col0, int64_t width) { \
+                                         const void *col_amax, int64_t tc, int64_t col0, int64_t width) {     \
         mx_quantise(job, blk, tile, ts, col_amax, tc, col0, width, SWIGLU_##DTN, FP4);                     \
     }
 MX_STAGE1_SPECS(BF16)
@@ -287,8 +326,8 @@ static void FN(mx_task)(const void *ctx, int64_t t) {
     const int64_t w = half - p0 < chunk ? half - p0 : chunk;
     const int64_t ts = 2 * chunk; /* tile row stride in elements */
     _Alignas(64) char tile[MX_TILE_BYTES]; /* stored bits */
-    _Alignas(64) uint32_t col_amax[2 * MX_MAX_CHUNK];
-    memset(col_amax, 0, sizeof col_amax);
+    _Alignas(64) uint32_t col_amax[2 * MX_MAX_CHUNK]; /* per tile column, in the stored bits' width */
+    memset(col_amax, 0, (size_t)(ts * (a->dtype == SWIGLU_FP32 ? 4 : 2)));
     const int inter = a->glu.interleaved != 0;
     mx_stage1_fns[a->dtype][a->backward != 0][inter][a->glu.clipped != 0](job, blk, p0, w, tile, ts, col_amax);
     const mx_quantise_fn quantise = mx_quantise_fns[a->dtype][job->fmt.fp4];

@@ -34,6 +34,12 @@ INLINE vu narrow(vf v, const int dt) {
     return u_sel(v_isnan(v), u_set(0x7FC00000u), v_bits(v));
 }
 
+/* The same for 32 results (lo: lanes 0-15, hi: 16-31) of a 16-bit ``dt``, as 16-bit lanes. */
+INLINE vw narrow2(vf lo, vf hi, const int dt) {
+    if (dt == SWIGLU_BF16) return w_to_bf16x2(lo, hi);
+    return w_pack(u_to_fp16(lo), u_to_fp16(hi));
+}
+
 /* 16 stored elements from element ``i`` of ``base`` (masked lanes give 0). */
 INLINE vu ld_bits(const void *base, int64_t i, const int dt, vm m) {
     if (dt == SWIGLU_FP32) return u_load32((const uint32_t *)base + i, m);
@@ -201,17 +207,18 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
    as fp8_encode on the fp32 products. For a normal source value v = mant * 2**(E - src_bias - src_mbits)
    (mant with its implicit bit) and the block multiplier 2**(127 - S):
    - a normal FP8 result is the source magnitude rounded (RNE) to the format's mantissa bits, ``r``, plus
-     ``(k - S) << mbits`` with k = bias + 127 - src_bias: the exponent moves, the mantissa does not;
+     ``off = (k - S) << mbits`` with k = bias + 127 - src_bias: the exponent moves, the mantissa does not;
    - a subnormal FP8 result is RNE(mant / 2**(S - E - d)), d = (127 - src_bias) + bias + mbits - 1 - src_mbits
      (the product in units of the smallest subnormal, 2**(1 - bias - mbits)); it carries into the smallest
      normal code exactly as fp8_encode's does.
-   Zeros and the lanes of a NaN/inf block (``keep`` 0: code 0x00) are done too. Subnormal sources are left to
-   the caller (``*ok`` false), which then encodes the whole vector with fp8_encode: they only occur in blocks
-   whose amax is itself below 2**-126 (bf16) or 2**-14 (fp16). The caller passes, per lane, the block's
-   ``q = S - d`` and ``keep`` (fp8x32_block). */
+   Zeros and the lanes of a NaN/inf block (``keep`` 0: code 0x00) are done too. Subnormal sources are not:
+   the caller checks for them (fp8x32_subnormal_sources) and then encodes the whole run with fp8_encode; they
+   only occur in blocks whose amax is itself below 2**-126 (bf16) or 2**-14 (fp16). The caller passes, per
+   lane, the block's ``off`` and ``keep`` (fp8x32_block), computed once per block (y1) or column (y2). */
 typedef struct {
     int sh, mbits, src_mbits;          /* src_mbits - mbits; the format's and the source's mantissa bits */
     uint16_t rh, normal, max_code, kd; /* RNE bias; smallest normal code; saturation; k - d */
+    uint16_t sub_max;                  /* the largest subnormal source magnitude (bits) */
     int16_t d;
 } fp8x32_format;
 
@@ -227,50 +234,59 @@ INLINE fp8x32_format fp8x32_of(const mx_format *f, const int dt) {
         .normal = (uint16_t)(1 << mbits),
         .max_code = (uint16_t)f->max_code,
         .kd = (uint16_t)(k - d),
+        .sub_max = (uint16_t)((1 << src) - 1),
         .d = (int16_t)d,
     };
     return c;
 }
 
-/* Per block (or column) from its scale code S: q = S - d (16-bit), and keep (0 for a NaN/inf block). */
+/* Per block (or column) from its scale code S: off = (k - S) << mbits (16-bit; |k - S| < 256, so it fits and
+   an arithmetic shift gives k - S back), and keep (0 for a NaN/inf block). */
 INLINE vu fp8x32_block(const fp8x32_format *c, vu codes, vu *keep) {
     *keep = u_sel(u_eq(codes, u_set(0xFF)), u_zero(), u_set(0xFFFF));
-    return u_and(u_sub(codes, u_set((uint32_t)(int32_t)c->d)), u_set(0xFFFF));
+    const vu q = u_sub(codes, u_set((uint32_t)(int32_t)c->d)); /* S - d */
+    return u_and(u_shl(u_sub(u_set(c->kd), q), c->mbits), u_set(0xFFFF));
 }
 
 /* What fp8x32_code needs of 32 values, whatever their block: computed once for both axes. */
 typedef struct {
-    vw e, r, mant, sign;
-    vwm zero;
+    vw a, r, sign;
+    vwm nz;
 } fp8x32_values;
 
 INLINE fp8x32_values fp8x32_prepare(const fp8x32_format *c, vw v) {
-    const vw a = w_and(v, w_set(0x7FFF)), one = w_set(1);
+    const vw a = w_and(v, w_set(0x7FFF));
     const fp8x32_values p = {
-        .e = w_shr(a, c->src_mbits),
-        .r = w_shr(w_add(w_add(a, w_set(c->rh)), w_and(w_shr(a, c->sh), one)), c->sh),
-        .mant = w_or(w_and(a, w_set((uint16_t)((1 << c->src_mbits) - 1))), w_set((uint16_t)(1 << c->src_mbits))),
+        .a = a,
+        .r = w_shr(w_add(w_add(a, w_set(c->rh)), w_and(w_shr(a, c->sh), w_set(1))), c->sh),
         .sign = w_and(w_shr(v, 8), w_set(0x80)),
-        .zero = w_eq(a, w_set(0)),
+        .nz = w_nz(a),
     };
     return p;
 }
 
-INLINE vw fp8x32_code(const fp8x32_format *c, const fp8x32_values *p, vw q, vw keep, vwm *ok) {
-    const vw one = w_set(1);
-    /* normal results: the rounded source plus the exponent offset */
-    const vw code_n = w_add(p->r, w_shl(w_sub(w_set(c->kd), q), c->mbits));
-    const vwm normal = w_ge_s(code_n, w_set(c->normal));
-    vw code = w_min(code_n, w_set(c->max_code));
-    if (!wm_all(wm_or(normal, p->zero), w_lanes(32))) {
+/* Subnormal sources among the values seen so far: ``acc`` starts at 0xFFFF in every lane and keeps the
+   least a - 1 (a zero wraps to 0xFFFF), so a lane ends below sub_max iff one of its values was subnormal. */
+INLINE vw fp8x32_track(const fp8x32_values *p, vw acc) { return w_min(acc, w_sub(p->a, w_set(1))); }
+INLINE int fp8x32_subnormal_sources(const fp8x32_format *c, vw acc) { return wm_any(w_lt_u(acc, w_set(c->sub_max))); }
+
+INLINE vw fp8x32_code(const fp8x32_format *c, const fp8x32_values *p, vw off, vw keep) {
+    /* normal results: the rounded source plus the exponent offset; zeros give 0 (their sign is added below) */
+    const vw code_n = w_add(p->r, off);
+    const vwm sub = wm_and(p->nz, w_lt_s(code_n, w_set(c->normal)));
+    vw code = w_minz(p->nz, code_n, w_set(c->max_code));
+    if (wm_any(sub)) {
         /* subnormal results: RNE(mant >> s), s = S - E - d = q - E (at most 16: the result is 0 from there) */
-        const vw s = w_min(w_sub(q, p->e), w_set(16));
+        const vw one = w_set(1);
+        const vw q = w_sub(w_set(c->kd), w_sra(off, c->mbits));
+        const vw e = w_shr(p->a, c->src_mbits);
+        const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
+        const vw s = w_min(w_sub(q, e), w_set(16));
         const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
-        const vw code_s = w_shrv(w_add(w_add(p->mant, rh), w_and(w_shrv(p->mant, s), one)), s);
-        code = w_sel(normal, code, code_s);
+        const vw code_s = w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
+        code = w_sel(sub, code_s, code);
     }
-    *ok = wm_or(wm_or(p->zero, w_eq(keep, w_set(0))), w_ge_u(p->e, one));
-    return w_and(w_or(w_sel(p->zero, w_set(0), code), p->sign), keep);
+    return w_and(w_or(code, p->sign), keep);
 }
 
 /* FP4 codes (nibbles) of the exact products v * m (spec swiglu_mx_quant.md 3.5, mx.encode): k = round(t / q)

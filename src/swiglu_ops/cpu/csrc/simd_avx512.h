@@ -95,6 +95,10 @@ INLINE void u_store8(uint8_t *p, vu a, vm m) {
     if (FULL16(m)) _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(a));
     else _mm512_mask_cvtepi32_storeu_epi8(p, m, a);
 }
+/* The low byte of lane k to p[2k] (the odd bytes are left alone). */
+INLINE void u_store8_even(uint8_t *p, vu a, vm m) {
+    _mm256_mask_storeu_epi8(p, (__mmask32)_pdep_u32(m, 0x55555555u), _mm512_cvtepi32_epi16(a));
+}
 INLINE vf v_loadf(const float *p, vm m) { return FULL16(m) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p); }
 INLINE void v_storef(float *p, vf a, vm m) {
     if (FULL16(m)) _mm512_storeu_ps(p, a);
@@ -217,16 +221,35 @@ INLINE vw w_shr(vw a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n));
 INLINE vw w_shl(vw a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
 INLINE vw w_shrv(vw a, vw n) { return _mm512_srlv_epi16(a, n); } /* 0 for counts >= 16 */
 INLINE vw w_shlv(vw a, vw n) { return _mm512_sllv_epi16(a, n); }
+INLINE vw w_sra(vw a, int n) { return _mm512_sra_epi16(a, _mm_cvtsi32_si128(n)); } /* signed */
 INLINE vw w_min(vw a, vw b) { return _mm512_min_epu16(a, b); }
+INLINE vw w_minz(vwm m, vw a, vw b) { return _mm512_maskz_min_epu16(m, a, b); } /* m ? min(a, b) : 0 */
+INLINE vw w_max(vw a, vw b) { return _mm512_max_epu16(a, b); }
+/* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
+INLINE vw w_pack(vu lo, vu hi) {
+    const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,
+                                         26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_permutex2var_epi16(lo, idx, hi);
+}
+/* Lanes 0-15 to the even lanes, 16-31 to the odd ones. */
+INLINE vw w_interleave(vw a) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, a);
+}
 INLINE vw w_sel(vwm m, vw a, vw b) { return _mm512_mask_mov_epi16(b, m, a); } /* m ? a : b */
 INLINE vwm w_eq(vw a, vw b) { return _mm512_cmpeq_epi16_mask(a, b); }
 INLINE vwm w_ge_s(vw a, vw b) { return _mm512_cmpge_epi16_mask(a, b); } /* signed */
+INLINE vwm w_lt_s(vw a, vw b) { return _mm512_cmplt_epi16_mask(a, b); } /* signed */
+INLINE vwm w_lt_u(vw a, vw b) { return _mm512_cmplt_epu16_mask(a, b); }
+INLINE vwm w_nz(vw a) { return _mm512_test_epi16_mask(a, a); } /* a != 0 */
 INLINE vwm w_ge_u(vw a, vw b) { return _mm512_cmpge_epu16_mask(a, b); }
 INLINE vwm w_lanes(int64_t n) { return n >= 32 ? (vwm)0xFFFFFFFFu : (vwm)((1u << (n > 0 ? n : 0)) - 1u); }
 INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
 INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
 INLINE vwm wm_not(vwm a) { return ~a; }
 INLINE int wm_all(vwm a, vwm m) { return (a & m) == m; }
+INLINE int wm_any(vwm a) { return a != 0; }
 
 /* ------------------------------------------------------------------------- 16-bit float conversions */
 /* fp16 bits (low 16 of each lane) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */
@@ -237,16 +260,26 @@ INLINE vu u_to_fp16(vf v) {
     return _mm512_mask_mov_epi32(h, v_isnan(v), _mm512_set1_epi32(0x7E00));
 }
 /* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
-INLINE vu u_to_bf16(vf v) {
-#ifdef __AVX512BF16__
-    /* vcvtneps2bf16 rounds like the integer path except for NaN (payload kept) and fp32 subnormals (flushed):
-       vectors holding one of those take the integer path. */
-    if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xA1) == 0, 1)) /* QNaN | SNaN | denormal */
-        return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
-#endif
+INLINE vu u_to_bf16_int(vf v) {
     const vu u = v_bits(v);
     const vu r = u_shr(u_add(u_add(u, u_set(0x7FFF)), u_and(u_shr(u, 16), u_set(1))), 16);
     return u_sel(v_isnan(v), u_set(0x7FC0), r);
+}
+/* vcvtneps2bf16 rounds like the integer path except for NaN (payload kept) and fp32 subnormals (flushed):
+   vectors holding one of those take the integer path. */
+#define BF16_SLOW(v) _mm512_fpclass_ps_mask((v), 0xA1) /* QNaN | SNaN | denormal */
+INLINE vu u_to_bf16(vf v) {
+#ifdef __AVX512BF16__
+    if (__builtin_expect(BF16_SLOW(v) == 0, 1)) return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+#endif
+    return u_to_bf16_int(v);
+}
+/* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes: one vcvtne2ps2bf16. */
+INLINE vw w_to_bf16x2(vf lo, vf hi) {
+#ifdef __AVX512BF16__
+    if (__builtin_expect(_kortestz_mask16_u8(BF16_SLOW(lo), BF16_SLOW(hi)), 1)) return (vw)_mm512_cvtne2ps_pbh(hi, lo);
+#endif
+    return w_pack(u_to_bf16_int(lo), u_to_bf16_int(hi));
 }
 
 #endif

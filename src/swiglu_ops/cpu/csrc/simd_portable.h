@@ -180,6 +180,8 @@ INLINE void u_store32(uint32_t *p, vu a, vm m) {
     if (!FULL(m)) u_store32_part(p, a, m);
     else memcpy(p, &a, sizeof a);
 }
+/* The low byte of lane k to p[2k] (the odd bytes are left alone). */
+INLINE void u_store8_even(uint8_t *p, vu a, vm m) { FOR_LANES if (m[i_]) p[2 * i_] = (uint8_t)a[i_]; }
 INLINE void u_store8(uint8_t *p, vu a, vm m) {
     if (!FULL(m)) {
         u_store8_part(p, a, m);
@@ -306,7 +308,38 @@ INLINE vwm w_ge_s(vw a, vw b) { /* signed */
 INLINE vwm w_ge_u(vw a, vw b) { return CMP_PIECES_T(vw_n, vws_n, vwm, a, b, >=); }
 INLINE vw w_shrv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a >> (n & 15), (vw){0}); } /* 0 for counts >= 16 */
 INLINE vw w_shlv(vw a, vw n) { return w_sel(w_lt_u(n, w_set(16)), a << (n & 15), (vw){0}); }
+INLINE vw w_sra(vw a, int n) { return (vw)((vws)a >> n); } /* signed */
 INLINE vw w_min(vw a, vw b) { return w_sel(w_lt_u(a, b), a, b); }
+INLINE vw w_minz(vwm m, vw a, vw b) { return (vw)m & w_min(a, b); } /* m ? min(a, b) : 0 */
+INLINE vw w_max(vw a, vw b) { return w_sel(w_lt_u(a, b), b, a); }
+/* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
+INLINE vw w_pack(vu lo, vu hi) {
+    vw r;
+    FOR_LANES {
+        r[i_] = (uint16_t)lo[i_];
+        r[i_ + 16] = (uint16_t)hi[i_];
+    }
+    return r;
+}
+/* Lanes 0-15 to the even lanes, 16-31 to the odd ones. */
+INLINE vw w_interleave(vw a) {
+    vw r;
+    FOR_LANES {
+        r[2 * i_] = a[i_];
+        r[2 * i_ + 1] = a[i_ + 16];
+    }
+    return r;
+}
+INLINE vwm w_lt_s(vw a, vw b) { /* signed */
+    const vws sa = (vws)a, sb = (vws)b;
+    return CMP_PIECES_T(vws_n, vws_n, vwm, sa, sb, <);
+}
+INLINE vwm w_nz(vw a) { return ~w_eq(a, (vw){0}); } /* a != 0 */
+INLINE int wm_any(vwm a) {
+    uint64_t w[8]; /* eight 64-bit ORs instead of 32 lane extractions */
+    memcpy(w, &a, sizeof w);
+    return (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) != 0;
+}
 INLINE vwm wm_or(vwm a, vwm b) { return a | b; }
 INLINE vwm wm_and(vwm a, vwm b) { return a & b; }
 INLINE vwm wm_not(vwm a) { return ~a; }
@@ -345,5 +378,8 @@ INLINE vu u_to_bf16(vf v) {
     const vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return u_sel(v_isnan(v), u_set(0x7FC0u), r);
 }
+
+/* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes. */
+INLINE vw w_to_bf16x2(vf lo, vf hi) { return w_pack(u_to_bf16(lo), u_to_bf16(hi)); }
 
 #endif
