@@ -62,14 +62,14 @@ QUANTIZER_BUDGET = 35.0
 ELEMENTWISE_BUDGET = 50.0
 
 #: What tests/test_triton_sass_budget.py holds today: per kernel (and direction), the largest count on the
-#: budgeted path measured for this commit, rounded up. The targets above are not met yet
-#: (docs/triton_backend.md, Budgets); these ceilings keep the counts from growing back, and go down with
-#: every kernel change that lowers them.
+#: budgeted path measured for this commit, rounded up. The elementwise kernels meet their target; the
+#: quantizers do not (docs/triton_backend.md, Budgets, says why); these ceilings keep the counts from
+#: growing back, and go down with every kernel change that lowers them.
 CEILINGS = {
     "group_grad": 48.0,
-    "clipped_swiglu.fwd": 45.0,
-    "clipped_swiglu.bwd": 58.0,
-    "mx_quant": 61.0,
+    "clipped_swiglu.fwd": 39.0,
+    "clipped_swiglu.bwd": 48.0,
+    "mx_quant": 60.0,
     "bwd_mx_quant": 58.0,
 }
 
