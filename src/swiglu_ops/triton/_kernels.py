@@ -702,12 +702,14 @@ def _scale_code(amax, inv_max, emax, SCALE_ALG: tl.constexpr, FP4: tl.constexpr)
     [2**127, 2**128); FP8 codes stay below 254 (RCEIL: amax <= 2**128 and ``inv_max`` < 2**-8; OCP:
     ``Ef - emax`` <= 246).
     """
-    finite = amax < 0x7F800000
     if SCALE_ALG == 1:
         # RCEIL: the biased exponent of p = amax * fp32(1/max), rounded up when p's fraction is non-zero
-        # ((p + 0x7FFFFF) >> 23 for a normal p); a subnormal p rounds up to code 1 only above 2**-127.
-        p = (amax.to(tl.float32, bitcast=True) * inv_max).to(tl.int32, bitcast=True)
-        code = tl.where(p < 0x800000, (p > 0x400000).to(tl.int32), (p + 0x7FFFFF) >> 23)
+        # ((p + 0x7FFFFF) >> 23 for a normal p); a subnormal p rounds up to code 1 only above 2**-127, which
+        # adding 0x400000 less gives. On the unsigned bits an inf p gives 0xFF and a NaN p more, so one
+        # min makes every non-finite block 0xFF (finite blocks stay below: p < 2**128).
+        p = (amax.to(tl.float32, bitcast=True) * inv_max).to(tl.uint32, bitcast=True)
+        round_up = tl.where(p < 0x800000, 0x3FFFFF, 0x7FFFFF).to(tl.uint32)
+        code = tl.minimum((p + round_up) >> 23, 0xFF).to(tl.int32)
         recip = (254 - code) << 23
     else:
         # OCP floor: max(Ef - emax, 0); amax zero or fp32-subnormal (Ef == 0) is a zero block: multiplier 0.
@@ -717,7 +719,8 @@ def _scale_code(amax, inv_max, emax, SCALE_ALG: tl.constexpr, FP4: tl.constexpr)
         if FP4:
             recip = tl.where(code >= 254, 0x00400000, recip)
         recip = tl.where(ef == 0, 0, recip)
-    return tl.where(finite, code, 0xFF), recip.to(tl.float32, bitcast=True)
+        code = tl.where(amax < 0x7F800000, code, 0xFF)
+    return code, recip.to(tl.float32, bitcast=True)
 
 
 @triton.jit
