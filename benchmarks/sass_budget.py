@@ -69,8 +69,8 @@ CEILINGS = {
     "group_grad": 48.0,
     "clipped_swiglu.fwd": 39.0,
     "clipped_swiglu.bwd": 48.0,
-    "mx_quant": 60.0,
-    "bwd_mx_quant": 58.0,
+    "mx_quant": 56.0,
+    "bwd_mx_quant": 53.0,
 }
 
 

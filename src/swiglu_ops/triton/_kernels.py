@@ -912,11 +912,38 @@ def _mx_row_block(ends_ptr, m, num_groups, blocks_per_slice, s2_rows, width, GRO
 
 
 @triton.jit
+def _max_u16x2(a, b):
+    """Both 16-bit halves' unsigned maxima (``max.u16x2``, one instruction on sm_90+; integer ops in the
+    interpreter)."""
+    if _INTERPRETED:
+        return tl.maximum(a & 0xFFFF, b & 0xFFFF) | tl.maximum(a & -65536, b & -65536)
+    else:
+        return tl.inline_asm_elementwise(
+            "max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def _amax_bf16x2(mag):
+    """The row-wise and column-wise block amax of a tile of bf16 magnitudes (``mag``: fp32 bits of widened
+    bf16 values, whose low 16 bits are zero) with two columns per 32-bit register: each reduction step and
+    shuffle serves two columns (the bf16 bits order like the magnitudes, NaN above inf, as the fp32 bits
+    do). Returns the fp32 bits ``[R4, NB, R8]`` (rows) and ``[NB, 32]`` (columns)."""
+    lo, hi = tl.split(tl.reshape(mag, mag.shape[:-1] + [MX_BLOCK // 2, 2]))
+    packed = (lo >> 16) | hi  # column 2k in the low half, 2k + 1 in the high half
+    rows = tl.reduce(packed, 3, _max_u16x2)
+    rows = tl.maximum(rows << 16, rows & -65536)
+    cols = tl.reduce(tl.reduce(packed, 0, _max_u16x2), 1, _max_u16x2)  # [NB, 16]
+    cols = tl.reshape(tl.join(cols << 16, cols & -65536), [cols.shape[0], MX_BLOCK])
+    return rows, cols
+
+
+@triton.jit
 def _mx_quantize(
     v, rl, rows_ok, ob, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
     inv_max, emax, mbits, bias, max_code,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, BF16: tl.constexpr,
 ):  # fmt: skip
     """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (fp32, the stage-1 values in x's
     dtype, zeros outside the data): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the
@@ -927,7 +954,8 @@ def _mx_quantize(
     From the same registers: the row-wise blocks (axis 3: 32 columns of a row -> y1, mxscale1 slot ``ob``)
     and the column-wise blocks (axes 0 and 2: the 32 rows of a column, zero padded -> y2, mxscale2 at
     ``s2_ptr + 2 * column`` for columns below ``s2_cols``). With ``TRANSPOSE_Y2`` (FP8), y2 is
-    token-contiguous: row ``rl`` of column ``c`` at ``y2_ptr + c * m + rl``.
+    token-contiguous: row ``rl`` of column ``c`` at ``y2_ptr + c * m + rl``. ``BF16``: ``v`` holds widened
+    bf16 values (the amax reductions then pack two columns per register).
     """
     # |v| as fp32 bits: they order like the magnitudes (NaN above inf), and the exact widening of a 16-bit
     # value is monotonic, so their integer max is the widened 16-bit amax of the spec.
@@ -941,8 +969,13 @@ def _mx_quantize(
     else:
         y_ok = ok & (col < width)
         y_off = rl * width + col
+    if BF16:  # two columns per register
+        amax1, amax2 = _amax_bf16x2(mag)
+    else:
+        amax1 = tl.max(mag, axis=3)
+        amax2 = tl.max(tl.max(mag, axis=0), axis=1)
     # Row-wise: 32 consecutive columns of one row.
-    code1, recip1 = _scale_code(tl.max(mag, axis=3), inv_max, emax, SCALE_ALG, FP4)  # [R4, NB, R8]
+    code1, recip1 = _scale_code(amax1, inv_max, emax, SCALE_ALG, FP4)  # [R4, NB, R8]
     y1 = _mx_codes(
         v, recip1[:, :, :, None], code1[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT, True
     )
@@ -950,9 +983,7 @@ def _mx_quantize(
     tl.store(s1_ptr + rl * s1_stride + ob, code1[:, :, :, None].to(tl.uint8), mask=ok)
     # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
     # rows (axis 0) first, then the lanes' (axis 2 before, 1 after the first reduction).
-    code2, recip2 = _scale_code(
-        tl.max(tl.max(mag, axis=0), axis=1), inv_max, emax, SCALE_ALG, FP4
-    )  # [NB, 32]
+    code2, recip2 = _scale_code(amax2, inv_max, emax, SCALE_ALG, FP4)  # [NB, 32]
     y2 = _mx_codes(
         v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT,
         False,
@@ -1045,7 +1076,7 @@ def _mx_fwd_tile(
     act = _round_to_dtype(act, DTYPE, HW_CVT)
     _mx_quantize(
         act, rl, rows_ok, ob, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m, inv_max, emax,
-        mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
+        mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT, DTYPE == tl.bfloat16,
     )  # fmt: skip
 
 
@@ -1126,6 +1157,7 @@ def _mx_bwd_tile(
         _mx_quantize(
             v, rl, rows_ok, blk, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
             emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
+            DTYPE == tl.bfloat16,
         )  # fmt: skip
     else:
         blk_ok = blk * MX_BLOCK < n
@@ -1140,6 +1172,7 @@ def _mx_bwd_tile(
             _mx_quantize(
                 v, rl, rows_ok, ob, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
                 emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
+                DTYPE == tl.bfloat16,
             )  # fmt: skip
     if FAST:
         return tl.max(key)
