@@ -924,6 +924,17 @@ def _max_u16x2(a, b):
 
 
 @triton.jit
+def _reduce_u16x2(packed, axis: tl.constexpr):
+    """Both 16-bit halves' maxima along ``axis``. The interpreter runs a reduction with a jitted combine
+    function element by element in Python (minutes for these tests), so there each half is reduced by the
+    builtin max: the packing around it is still checked."""
+    if _INTERPRETED:
+        return tl.max(packed & 0xFFFF, axis=axis) | tl.max(packed & -65536, axis=axis)
+    else:
+        return tl.reduce(packed, axis, _max_u16x2)
+
+
+@triton.jit
 def _amax_bf16x2(mag):
     """The row-wise and column-wise block amax of a tile of bf16 magnitudes (``mag``: fp32 bits of widened
     bf16 values, whose low 16 bits are zero) with two columns per 32-bit register: each reduction step and
@@ -931,9 +942,9 @@ def _amax_bf16x2(mag):
     do). Returns the fp32 bits ``[R4, NB, R8]`` (rows) and ``[NB, 32]`` (columns)."""
     lo, hi = tl.split(tl.reshape(mag, mag.shape[:-1] + [MX_BLOCK // 2, 2]))
     packed = (lo >> 16) | hi  # column 2k in the low half, 2k + 1 in the high half
-    rows = tl.reduce(packed, 3, _max_u16x2)
+    rows = _reduce_u16x2(packed, 3)
     rows = tl.maximum(rows << 16, rows & -65536)
-    cols = tl.reduce(tl.reduce(packed, 0, _max_u16x2), 1, _max_u16x2)  # [NB, 16]
+    cols = _reduce_u16x2(_reduce_u16x2(packed, 0), 1)  # [NB, 16]
     cols = tl.reshape(tl.join(cols << 16, cols & -65536), [cols.shape[0], MX_BLOCK])
     return rows, cols
 
