@@ -380,18 +380,15 @@ def _group_grad_fn(
     Open-interval masks from the raw inputs, **multiplied** (a mask of 1.0 is bit-identical to skipping the
     multiply, so the clamp is a runtime argument: ``has_clamp``, ``hi`` = clamp or +inf, ``cmp`` = clamp
     or NaN), the routing weight ``w`` and the row mask ``m_r`` multiplied too (a masked inf/NaN stays NaN).
+    The gate's mask is one compare against ``cmp`` (NaN without a clamp, so that every gate passes); it
+    differs from the spec's ``~(g < clamp)`` only for a NaN gate, whose gradient is NaN either way.
 
     ``FAST`` (the fast reciprocal; ``key``: at least SLOW_KEY wherever this formulation may differ from the
     exact one, whose redo then replaces the rows): the sigmoid's operand ``den`` must be below 2**126 (a
     gate below -87.3, -inf or NaN is not), and the gate finite, which ``den + f`` checks at once (``f`` =
-    g * s is +inf for g = +inf and at least -0.28 otherwise). The infinite gates' fixes go, and the gate's
-    mask is one compare against ``cmp`` (NaN without a clamp, so that every gate passes; it differs from
-    the exact mask only for a NaN gate, which the key sends to the redo).
+    g * s is +inf for g = +inf and at least -0.28 otherwise), so the infinite gates' fixes go.
     """
-    if FAST:
-        m_g = tl.where(g >= cmp, 0.0, 1.0)
-    else:
-        m_g = tl.where(has_clamp & ~(g < clamp), 0.0, 1.0)
+    m_g = tl.where(g >= cmp, 0.0, 1.0)
     m_u = tl.where(has_clamp & ~(tl.abs(u) < clamp), 0.0, 1.0)
     # NaN-propagating min/max against [lo, hi] (+-inf without clamp): one min.NaN/max.NaN each on sm_80+.
     g = _min_nan(g, hi)
