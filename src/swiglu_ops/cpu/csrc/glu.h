@@ -216,6 +216,28 @@ typedef struct {
     int64_t chunk, n_chunks; /* pairs per task, tasks per row range */
 } glu_job;
 
+/* Software prefetch, interleaved with the work: while a row is computed, the same columns of the next row
+   are requested, one cache line of each input stream per 64 bytes of dy (every step of 16 fp32 pairs, every
+   other step of 16-bit ones), into L1. The hardware prefetchers alone leave a thread at a third of the
+   memory bandwidth here: a row touches 4-6 streams of a few KiB each, and they stop at every 4 KiB page.
+   (bf16 swiglu_group_grad at M=8192, 2H=4096, 2 threads, same-minute A/B: 14.2 -> 5.6 ms; the next row's
+   lines requested all at once at the start of a row: 11 ms; two rows ahead, or into L2 only: no better.)
+   ``xn``, ``dyn``, ``yon``: the next row's x, dy (NULL: none) and y_origin (NULL: none). */
+INLINE void glu_prefetch(const char *xn, const char *dyn, const char *yon, int64_t half, int64_t p, const int inter,
+                         const int dt) {
+    const int64_t es = dt == SWIGLU_FP32 ? 4 : 2;
+    if (es == 2 && (p & 16) != 0) return;
+    if (inter) {
+        __builtin_prefetch(xn + 2 * p * es, 0, 3);
+        __builtin_prefetch(xn + 2 * p * es + 64, 0, 3);
+    } else {
+        __builtin_prefetch(xn + p * es, 0, 3);
+        __builtin_prefetch(xn + (half + p) * es, 0, 3);
+    }
+    if (dyn != NULL) __builtin_prefetch(dyn + p * es, 0, 3);
+    if (yon != NULL) __builtin_prefetch(yon + p * es, 0, 3);
+}
+
 /* Rows [r0, r1) x pairs [p0, p1) of one GLU operator, specialised by the caller's constants. */
 INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1, const int op,
                      const int dt, const int inter, const int flag) {
@@ -230,7 +252,15 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
         char *out = (char *)a->out + r * (op == SWIGLU_OP_CLIPPED_FWD ? half : a->cols) * es;
         const int masked = r >= a->valid_rows;
         const vf w = v_set(a->weight != NULL ? a->weight[r] : 1.0f); /* times 1 == skipping it */
+        /* the next row, if any (p0 == 0: the task computes grad_weight, which reads y_origin's whole row) */
+        const int next = r + 1 < a->rows;
+        const char *xn = x + a->cols * es;
+        const char *dyn = next && op != SWIGLU_OP_CLIPPED_FWD ? dy + half * es : NULL;
+        const char *yon = next && op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0
+                              ? (const char *)a->y_origin + (r + 1) * half * es
+                              : NULL;
         for (int64_t p = p0; p < p1; p += 16) {
+            if (next) glu_prefetch(xn, dyn, yon, half, p, inter, dt);
             const vm m = m_lanes(p1 - p);
             if (op != SWIGLU_OP_GROUP_GRAD && masked) { /* the clipped ops: +0.0, not computed */
                 if (op == SWIGLU_OP_CLIPPED_FWD) st_bits(out, p, u_zero(), dt, m);

@@ -108,6 +108,19 @@ INLINE void mx_stage1_step(const glu_consts *c, const char *xa, const char *xb, 
     tile_put16(t, ca, tb + q, narrow2(yb, yb2, dt), w_lanes(n));
 }
 
+/* The lines of one stage-1 step (``step`` pairs from pair ``q``) of the next row: its x (chunked: both
+   halves, ``xa``/``xb``; interleaved: ``xa``) and dy (NULL: none). */
+INLINE void mx_prefetch(const char *xa, const char *xb, const char *dy, int64_t q, const int64_t step,
+                        const int64_t es, const int inter) {
+    const int64_t xs = inter ? 2 : 1; /* x elements per pair in the stream(s) */
+    for (int64_t o = 0; o < xs * step * es; o += 64) {
+        __builtin_prefetch(xa + xs * q * es + o, 0, 3);
+        if (!inter) __builtin_prefetch(xb + q * es + o, 0, 3);
+    }
+    if (dy != NULL)
+        for (int64_t o = 0; o < step * es; o += 64) __builtin_prefetch(dy + q * es + o, 0, 3);
+}
+
 /* Rows of a task: mx_stage1_vec over the task's pairs, full vectors first. The forward stores +0 past its
    pairs up to the next 32 columns, so that a partial block reads zeros. */
 INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
@@ -126,23 +139,14 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
         const char *x = (const char *)a->x + row * a->cols * es;
         const char *dy = bwd ? (const char *)a->dy + (row * half + p0) * es : NULL;
         char *t = (char *)tile + i * ts * es;
-        /* Prefetch the row after next: a task reads 2-3 short row segments per row, more streams than the
-           hardware prefetchers follow. Into L2 only (prefetcht1; into L1 they probably
-           evict the activation table's lines that the gathers read): bench shape, same-process A/B: backward 2-8 %, forward 6-19 %
-           faster; a distance of 4 or 6 rows, or prefetchnta, no better. */
-        if (i + 2 < blk->nrows) {
-            const char *x2 = x + 2 * a->cols * es, *dy2 = bwd ? dy + 2 * half * es : NULL;
-            const int64_t bytes = (inter ? 2 * w : w) * es;
-            for (int64_t o = 0; o < bytes; o += 64) {
-                __builtin_prefetch(x2 + xa * es + o, 0, 2);
-                if (!inter) __builtin_prefetch(x2 + xb * es + o, 0, 2);
-                if (bwd) __builtin_prefetch(dy2 + o, 0, 2);
-            }
-        }
+        /* The next row's lines, requested step by step (glu.h's glu_prefetch explains why). */
+        const char *xn = i + 1 < blk->nrows ? x + a->cols * es : NULL, *dyn = bwd ? dy + half * es : NULL;
         int64_t q = 0;
-        for (; q + step <= w; q += step)
+        for (; q + step <= w; q += step) {
+            if (xn != NULL) mx_prefetch(xn + xa * es, xn + xb * es, dyn, q, step, es, inter);
             mx_stage1_step(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, 32, ta, tb, a_index, dt, bwd, inter,
                            clipped);
+        }
         for (; q < span; q += step)
             mx_stage1_step(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, w - q, ta, tb, a_index, dt, bwd, inter,
                            clipped);
