@@ -19,8 +19,10 @@ normalised arguments (the *kernel contract*):
     stage 1 (split, which half is activated, plain or clipped SwiGLU). ``fmt`` is a
     :class:`swiglu_ops.mx.FP8Format`.
     Outputs (all uint8, contiguous): ``y1``/``y2`` [B, M, C] element codes, ``s1`` [B, M, C/32] row-wise
-    scale codes in block order, ``s2`` [B, R, C, 2] column-wise scale codes, **already zero-filled**: the
-    backend writes only the slots that a 32-row block maps to.
+    scale codes in block order, ``s2`` [B, R, C, 2] column-wise scale codes. The backend writes every
+    byte: the slots that no 32-row block maps to are 0. (The C backend zero-fills mxscale2 itself: a torch
+    ``zero_()`` here would wake PyTorch's OpenMP threads, which then spin on the cores its own threads
+    need.)
     ``transpose_y2`` (keyword, a Python bool; FP8 only): when True, ``y2`` is [B, C, M] contiguous
     (token-contiguous: element (m, c) of the default layout is at ``y2[b, c, m]``), the same codes;
     everything else is unchanged.
@@ -39,7 +41,7 @@ normalised arguments (the *kernel contract*):
     holding element 2j in bits 3:0 and 2j+1 in bits 7:4 (FP4); ``s1`` [B, M, 2*ceil(N/64)] row-wise scale
     codes in block order (block k = columns [32k, 32k+32) of the N, a partial last block scaled from its
     real columns, a trailing pad slot of zeros = code 0; every slot is written); ``s2`` [B, R, N, 2]
-    **already zero-filled**, as above. Elements: the exact product ``v * 2**(127 - E)`` is rounded (under
+    written whole, as above. Elements: the exact product ``v * 2**(127 - E)`` is rounded (under
     ``"floor"`` a negative v gives at least -q even where an fp32 product underflows to -0).
     ``transpose_y2`` as in ``swiglu_bwd_mx_quant`` (FP8 only; y2 is then [B, N, M]).
 
@@ -706,10 +708,10 @@ def swiglu_backward_mx_quant_dual_axis(
     else:
         outs = _check_mx_outs(out, specs, x.device, x=x, y_grad=y_grad, group_index=group_index)
     y1, s1, y2, s2 = outs
-    s2.view(torch.uint8).zero_()  # unused mxscale2 rows are zero-filled (contract section 2)
     *lead, m, c = x.shape
     batch = math.prod(lead)
-    if batch * m == 0:
+    if batch * m == 0:  # mxscale2 keeps its rows, zero-filled (contract section 2); the backends fill theirs
+        s2.view(torch.uint8).zero_()
         return y1, s1, y2, s2
     impl.swiglu_bwd_mx_quant(
         x.reshape(batch, m, c).contiguous(),
@@ -1074,10 +1076,10 @@ def swiglu_mx_quant_dual_axis(
     else:
         outs = _check_mx_outs(out, specs, x.device, x=x, group_index=group_index)
     y1, s1, y2, s2 = outs
-    s2.view(torch.uint8).zero_()  # unused mxscale2 rows are zero-filled (spec 4.3 decision)
     *lead, m, c = x.shape
     batch, n = math.prod(lead), c // 2
-    if batch * m == 0:
+    if batch * m == 0:  # mxscale2 keeps its rows, zero-filled (spec 4.3 decision); the backends fill theirs
+        s2.view(torch.uint8).zero_()
         return y1, s1, y2, s2
     width = y1.shape[-1]
     impl.swiglu_mx_quant(

@@ -63,7 +63,7 @@ def quantize_dual_axis(
     """Quantise ``values`` [B, M, C] (the stage-1 result in x's dtype) along both axes into the outputs of
     the kernel contracts (``swiglu_ops._api``): ``y1``/``y2`` [B, M, C] or [B, M, C/2] (FP4) uint8 (``y2``
     [B, C, M] with ``transpose_y2``, FP8 only), ``s1`` [B, M, 2 * ceil(C/64)], ``s2`` [B, R, C, 2]
-    (zero-filled by the caller).
+    (written whole: the slots that no 32-row block maps to are 0).
 
     ``group_ends`` (cumulative row ends, B == 1) or None; each end is clamped into [previous end, M], and
     rows past the last end belong to no group: all their outputs are 0.

@@ -183,7 +183,8 @@ def mx_block_n(backward: bool, aligned: bool, transpose_y2: bool) -> int:
 def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
     """Arguments both MX kernels share, whether the tensors are 16-byte aligned, the row-block count and the
     tile width of the launch. ``tile_pairs``: the pairs (forward: output columns, with the pad slot) a
-    row spans."""
+    row spans. Zero-fills ``s2``: the kernels write only the slots that a 32-row block maps to."""
+    s2.zero_()
     batch, m, _ = x.shape
     num_groups = None if group_ends is None else group_ends.numel()
     blocks = mx_blocks_per_slice(m, num_groups)

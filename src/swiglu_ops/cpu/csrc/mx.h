@@ -406,6 +406,8 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
         covered = start;
     }
     job.blocks = blocks;
+    /* mxscale2 whole: the tasks write the slots their blocks map to, the others stay 0 */
+    memset(a->s2, 0, (size_t)(a->batch * a->s2_rows * job.width * 2));
     job.chunk = mx_chunk(a->dtype);
     job.n_chunks = (a->cols / 2 + job.chunk - 1) / job.chunk;
     swiglu_pool_run(FN(mx_task), &job, n * job.n_chunks, n_threads);
