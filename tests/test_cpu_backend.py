@@ -98,11 +98,12 @@ def test_activation_tables_are_identical_on_every_instruction_set(kind, alpha, l
 
 
 @pytest.mark.parametrize(("dtype", "subnormals"), [("BF16", 2 * 127), ("FP16", 2 * 1023)])
-@pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
+@pytest.mark.parametrize("fmt", ["E4M3", "E5M2", "E2M1", "E1M2"])
 def test_the_fp8_encoder_of_16_bit_values_matches_the_per_element_encoder_everywhere(dtype, subnormals, fmt):
-    """The MX kernels encode 16-bit values 32 at a time from their bits (numerics.h fp8x32_code): for every
-    finite bit pattern and every scale code, the same code as fp8_encode of the fp32 product, except the
-    subnormal sources it leaves to fp8_encode (counted: the kernels then use fp8_encode)."""
+    """The MX kernels encode 16-bit values 32 at a time from their bits (numerics.h fp8x32_code), FP8 and FP4
+    with round mode rint: for every finite bit pattern and every scale code, the same code as the
+    per-element encoder (fp8_encode of the fp32 product; fp4_encode), except the subnormal sources it leaves
+    to that encoder (counted: the kernels then use it)."""
     ffi = cpu_backend.LIBRARY.ffi
     for name in ISAS:
         mismatches, left = ffi.new("int64_t *"), ffi.new("int64_t *")

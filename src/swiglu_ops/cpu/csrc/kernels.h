@@ -16,9 +16,11 @@ void FN(act_build)(int kind, int dt, float alpha, float limit, float *out) {
     }
 }
 
-/* swiglu_fp8_x32_check (swiglu_cpu.h) for this instruction set. */
+/* swiglu_fp8_x32_check (swiglu_cpu.h) for this instruction set: fp8x32_code against fp8_encode (FP8) or
+   fp4_encode with round mode rint (FP4), for every 16-bit pattern under every scale code. */
 void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
-    const swiglu_mx_args args = {.format = format, .round_mode = SWIGLU_ROUND_RINT, .scale_alg = 1};
+    const int fp4 = format == SWIGLU_FMT_E2M1 || format == SWIGLU_FMT_E1M2; /* FP4: rint, the OCP rule */
+    const swiglu_mx_args args = {.format = format, .round_mode = SWIGLU_ROUND_RINT, .scale_alg = fp4 ? 0 : 1};
     mx_format f;
     FN(mx_format_of)(&args, &f);
     const fp8x32_format c = fp8x32_of(&f, dt);
@@ -36,9 +38,11 @@ void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
             for (int i = 0; i < 32; i++) bits[i] = (uint16_t)(base + i);
             const fp8x32_values p = fp8x32_prepare(&c, w_load(bits, w_lanes(32)));
             w_store8(fast, fp8x32_code(&c, &p, off, kv), w_lanes(32));
-            for (int h = 0; h < 32; h += 16)
-                u_store8(slow + h, fp8_encode(&f, v_mul(widen(u_load16(bits + h, m_all()), dt), recip)), m_all());
-            /* left to fp8_encode: the subnormal sources (fp8x32_track), but for a NaN/inf block (all 0x00) */
+            for (int h = 0; h < 32; h += 16) {
+                const vf v = widen(u_load16(bits + h, m_all()), dt);
+                u_store8(slow + h, fp4 ? fp4_encode(&f, v, recip) : fp8_encode(&f, v_mul(v, recip)), m_all());
+            }
+            /* left to the per-element encoders: the subnormal sources (fp8x32_track), but for a NaN/inf block (all 0x00) */
             _Alignas(64) uint16_t okv[32];
             const vw sub = fp8x32_track(&p, w_set(0xFFFF));
             w_store(okv, w_sel(w_lt_u(sub, w_set(c.sub_max)), w_set(scale == 0xFF), w_set(1)), w_lanes(32));

@@ -165,38 +165,48 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
     else u_store8(y + col, fp8_encode(f, v_mul(v, m)), mask);
 }
 
-/* 32 values from ``v + j`` (``m``: those that exist): both FP8 code rows, y1 with their row block's
-   ``off1``/``keep1``, y2 with their columns' ``off2``/``keep2``; returns ``acc`` updated by fp8x32_track. */
+/* 32 values from ``v + j`` (``m``: those that exist): both code rows (FP8: a byte each; FP4: two per byte),
+   y1 with their row block's ``off1``/``keep1``, y2 with their columns' ``off2``/``keep2``; returns ``acc``
+   updated by fp8x32_track. */
 INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw off1, vw keep1, const uint16_t *off2,
-                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m) {
+                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4) {
     const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
-    w_store8(y1 + j, fp8x32_code(c, &p, off1, keep1), m);
-    w_store8(y2 + j, fp8x32_code(c, &p, w_load(off2 + j, m), w_load(keep2 + j, m)), m);
+    const vw c1 = fp8x32_code(c, &p, off1, keep1), c2 = fp8x32_code(c, &p, w_load(off2 + j, m), w_load(keep2 + j, m));
+    if (fp4) {
+        w_store_nibbles(y1 + j / 2, c1, m);
+        w_store_nibbles(y2 + j / 2, c2, m);
+    } else {
+        w_store8(y1 + j, c1, m);
+        w_store8(y2 + j, c2, m);
+    }
     return fp8x32_track(&p, acc);
 }
 
-/* Both FP8 code rows of ``n`` <= 512 stored 16-bit values of a tile row, 32 at a time by fp8x32_code, the
-   rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for the values 32k..32k+31,
-   ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``: one per value). Full
-   vectors first (plain loads and stores). If the run holds a subnormal source (fp8x32_code does not encode
-   those), both rows are encoded again, the whole run, by fp8_encode. */
+/* Both code rows of ``n`` <= 512 stored 16-bit values of a tile row (FP8, or FP4 rounded by rint), 32 at a
+   time by fp8x32_code, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
+   the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
+   one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte). Full vectors first (plain
+   loads and stores). If the run holds a subnormal source (fp8x32_code does not encode those), both rows are
+   encoded again, the whole run, by the per-element encoders. */
 INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
                             vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
-                            const fp8x32_format *c, const mx_format *f, const int dt) {
+                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4) {
     vw acc = w_set(0xFFFF);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
-        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32));
+        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32),
+                        fp4);
     if (j < n)
-        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j));
+        acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j),
+                        fp4);
     if (__builtin_expect(!fp8x32_subnormal_sources(c, acc), 1)) return;
     float r[16];
     v_storef(r, r1, m_all());
     for (j = 0; j < n; j += 16) {
         const vm m = m_lanes(n - j);
         const vf x = ld(v, j, dt, m);
-        u_store8(y1 + j, fp8_encode(f, v_mul(x, v_set(r[j / 32]))), m);
-        u_store8(y2 + j, fp8_encode(f, v_mul(x, v_loadf(r2 + j, m_all()))), m);
+        store_codes(y1, j, x, v_set(r[j / 32]), f, m, fp4);
+        store_codes(y2, j, x, v_loadf(r2 + j, m_all()), f, m, fp4);
     }
 }
 
@@ -209,7 +219,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
                         const int fp4) {
     const swiglu_mx_args *a = job->a;
     const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
-    const int x32 = !fp4 && dt != SWIGLU_FP32;
+    const int x32 = dt != SWIGLU_FP32 && (!fp4 || f.round_mode == SWIGLU_ROUND_RINT);
     const fp8x32_format c = fp8x32_of(&f, dt == SWIGLU_FP32 ? SWIGLU_BF16 : dt);
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2, W = job->width;
     const int64_t s1_stride = 2 * ((W + 63) / 64), y_stride = fp4 ? W / 2 : W;
@@ -258,8 +268,9 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
                 vu keeps;
                 u_store16(off1, fp8x32_block(&c, codes, &keeps), m_all());
                 u_store16(keep1, keeps, m_all());
-                store_codes_x32(y1 + col, y2 + col, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
-                                col_keep + col, col_recip + col, n, &c, &f, dt);
+                const int64_t at = fp4 ? col / 2 : col; /* the block's first code byte */
+                store_codes_x32(y1 + at, y2 + at, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
+                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4);
                 continue;
             }
             float r[16];
@@ -371,6 +382,10 @@ static int FN(mx_format_of)(const swiglu_mx_args *a, mx_format *f) {
     f->fp4 = 1;
     f->e1m2 = a->format == SWIGLU_FMT_E1M2;
     f->emax = f->e1m2 ? 0 : 2;
+    /* for fp8x32_of (round mode rint): mantissa bits 1 (E2M1) or 2 (E1M2), bias 1, largest code 7 */
+    f->shift = f->e1m2 ? 21 : 22;
+    f->rebias = 126u << (23 - f->shift);
+    f->max_code = 7;
     return a->scale_alg == 0 ? 0 : -1; /* FP4: the OCP rule only */
 }
 

@@ -204,7 +204,9 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
 }
 
 /* The FP8 encoder of 32 stored 16-bit values (bf16 or fp16) at once, in 16-bit lanes, with the same results
-   as fp8_encode on the fp32 products. For a normal source value v = mant * 2**(E - src_bias - src_mbits)
+   as fp8_encode on the fp32 products. FP4 with round mode rint is the same rounding (RNE to the format's
+   mantissa bits, a subnormal range, saturation: E2M1 and E1M2 are "FP8" formats of 1 and 2 mantissa bits,
+   bias 1, largest code 7) and takes it too, with the sign in bit 3: the same codes as fp4_encode. For a normal source value v = mant * 2**(E - src_bias - src_mbits)
    (mant with its implicit bit) and the block multiplier 2**(127 - S):
    - a normal FP8 result is the source magnitude rounded (RNE) to the format's mantissa bits, ``r``, plus
      ``off = (k - S) << mbits`` with k = bias + 127 - src_bias: the exponent moves, the mantissa does not;
@@ -217,6 +219,7 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
    lane, the block's ``off`` and ``keep`` (fp8x32_block), computed once per block (y1) or column (y2). */
 typedef struct {
     int sh, mbits, src_mbits;          /* src_mbits - mbits; the format's and the source's mantissa bits */
+    int sign_shift;                    /* 8 (FP8: the sign is bit 7 of a code) or 12 (FP4: bit 3) */
     uint16_t rh, normal, max_code, kd; /* RNE bias; smallest normal code; saturation; k - d */
     uint16_t sub_max;                  /* the largest subnormal source magnitude (bits) */
     int16_t d;
@@ -230,6 +233,7 @@ INLINE fp8x32_format fp8x32_of(const mx_format *f, const int dt) {
         .sh = src - mbits,
         .mbits = mbits,
         .src_mbits = src,
+        .sign_shift = f->fp4 ? 12 : 8,
         .rh = (uint16_t)((1 << (src - mbits - 1)) - 1),
         .normal = (uint16_t)(1 << mbits),
         .max_code = (uint16_t)f->max_code,
@@ -259,7 +263,7 @@ INLINE fp8x32_values fp8x32_prepare(const fp8x32_format *c, vw v) {
     const fp8x32_values p = {
         .a = a,
         .r = w_shr(w_add(w_add(a, w_set(c->rh)), w_and(w_shr(a, c->sh), w_set(1))), c->sh),
-        .sign = w_and(w_shr(v, 8), w_set(0x80)),
+        .sign = w_and(w_shr(v, c->sign_shift), w_set((uint16_t)(0x8000 >> c->sign_shift))),
         .nz = w_nz(a),
     };
     return p;

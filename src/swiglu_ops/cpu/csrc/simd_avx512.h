@@ -213,6 +213,12 @@ INLINE void w_store8(uint8_t *p, vw a, vwm m) {
     if (FULL32(m)) _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi16_epi8(a));
     else _mm512_mask_cvtepi16_storeu_epi8(p, m, a);
 }
+/* 32 FP4 codes (nibbles in 16-bit lanes) packed two per byte, lane 2j in the low nibble: 16 bytes, ``m``
+   selecting whole pairs of lanes. */
+INLINE void w_store_nibbles(uint8_t *p, vw codes, vwm m) {
+    const __m512i packed = _mm512_or_si512(codes, _mm512_srli_epi32(codes, 12)); /* byte 0 of each 32-bit lane */
+    _mm512_mask_cvtepi32_storeu_epi8(p, (__mmask16)_pext_u32(m, 0x55555555u), packed);
+}
 INLINE vw w_add(vw a, vw b) { return _mm512_add_epi16(a, b); }
 INLINE vw w_sub(vw a, vw b) { return _mm512_sub_epi16(a, b); }
 INLINE vw w_and(vw a, vw b) { return _mm512_and_si512(a, b); }

@@ -292,6 +292,12 @@ INLINE void w_store(uint16_t *p, vw a, vwm m) {
 HEAVY void w_store8(uint8_t *p, vw a, vwm m) {
     FOR_WLANES if (m[i_]) p[i_] = (uint8_t)a[i_];
 }
+/* 32 FP4 codes (nibbles in 16-bit lanes) packed two per byte, lane 2j in the low nibble: 16 bytes, ``m``
+   selecting whole pairs of lanes. */
+HEAVY void w_store_nibbles(uint8_t *p, vw codes, vwm m) {
+    for (int j = 0; j < 16; j++)
+        if (m[2 * j]) p[j] = (uint8_t)((codes[2 * j] & 0xFu) | ((codes[2 * j + 1] & 0xFu) << 4));
+}
 INLINE vw w_add(vw a, vw b) { return a + b; }
 INLINE vw w_sub(vw a, vw b) { return a - b; }
 INLINE vw w_and(vw a, vw b) { return a & b; }
