@@ -8,6 +8,7 @@ cannot be built (no C compiler, a compiler without GNU C vector extensions) the 
 """
 
 import hashlib
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -34,6 +35,7 @@ setup(
                 "-pthread",
             ],
             extra_link_args=["-pthread"],
+            libraries=["dl"] if sys.platform.startswith("linux") else [],  # dlopen (glibc < 2.34)
             optional=True,
         )
     ]

@@ -1,7 +1,11 @@
 /* The library's entry points (swiglu_cpu.h): the instruction-set dispatch, the thread pool and the cache of
    activation tables. Nothing here computes a value; the kernels are in kernels_<isa>.c. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "kernel.h"
 
@@ -72,13 +76,13 @@ static struct {
           .wake = PTHREAD_COND_INITIALIZER,
           .done = PTHREAD_COND_INITIALIZER};
 
-static void run_tasks(task_fn fn, const void *ctx, int64_t n_tasks) {
+static void run_tasks_from(atomic_llong *next, task_fn fn, const void *ctx, int64_t n_tasks) {
 #if SWIGLU_X86
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(0x1F80); /* round to nearest, no FTZ / DAZ, exceptions masked */
 #endif
     for (;;) {
-        const int64_t t = atomic_fetch_add(&pool.next, 1);
+        const int64_t t = atomic_fetch_add(next, 1);
         if (t >= n_tasks) break;
         fn(ctx, t);
     }
@@ -86,6 +90,7 @@ static void run_tasks(task_fn fn, const void *ctx, int64_t n_tasks) {
     _mm_setcsr(csr);
 #endif
 }
+static void run_tasks(task_fn fn, const void *ctx, int64_t n_tasks) { run_tasks_from(&pool.next, fn, ctx, n_tasks); }
 
 static void *worker(void *arg) {
     const int index = (int)(intptr_t)arg;
@@ -147,10 +152,60 @@ static int grow_workers(int want) {
     return pool.n_workers;
 }
 
+/* ------------------------------------------------------------------------- PyTorch's OpenMP team */
+
+/* Where the process has GNU OpenMP loaded (PyTorch's own libgomp, on Linux), a job runs on its team instead
+   of the pool: after each of PyTorch's parallel operations its OpenMP threads spin-wait for a few
+   milliseconds, on the cores the pool's threads would need (MX backward at M=8192 right after a torch
+   op: 11 ms on the pool, 7.5 on the team), while the team takes the job at once. The tasks are the
+   same, taken from a counter of the job's own, so the bits are too. Not in a forked child (libgomp's team
+   does not survive fork: PyTorch's own parallel operations hang there) and not with
+   SWIGLU_OPS_CPU_POOL=own: the pool then runs the job. */
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn gomp_parallel; /* NULL: no OpenMP team to use */
+static pid_t gomp_pid;                 /* the process that found it (a forked child has another pid) */
+static pthread_once_t gomp_once = PTHREAD_ONCE_INIT;
+
+static void find_gomp(void) {
+    const char *choice = getenv("SWIGLU_OPS_CPU_POOL");
+    if (choice != NULL && strcmp(choice, "own") == 0) return;
+    void *lib = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD); /* only one that is already loaded */
+    if (lib == NULL) return;
+    gomp_parallel = (gomp_parallel_fn)dlsym(lib, "GOMP_parallel");
+    gomp_pid = getpid();
+    dlclose(lib); /* the reference NOLOAD took: the library stays loaded by whoever loaded it */
+}
+
+static int use_gomp(void) {
+    pthread_once(&gomp_once, find_gomp);
+    return gomp_parallel != NULL && getpid() == gomp_pid;
+}
+
+typedef struct {
+    task_fn fn;
+    const void *ctx;
+    int64_t n_tasks;
+    atomic_llong next;
+} team_job;
+
+static void team_body(void *arg) {
+    team_job *job = arg;
+    run_tasks_from(&job->next, job->fn, job->ctx, job->n_tasks);
+}
+
+int32_t swiglu_cpu_threads_kind(void) { return use_gomp() ? SWIGLU_THREADS_OPENMP : SWIGLU_THREADS_POOL; }
+
 void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads) {
     pthread_once(&atfork_once, install_atfork);
     int64_t helpers = (int64_t)n_threads - 1;
     if (helpers > n_tasks - 1) helpers = n_tasks - 1;
+    if (helpers > 0 && use_gomp() && pthread_mutex_trylock(&pool.busy) == 0) {
+        team_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks};
+        atomic_init(&job.next, 0);
+        gomp_parallel(team_body, &job, (unsigned)(helpers + 1), 0);
+        pthread_mutex_unlock(&pool.busy);
+        return;
+    }
     if (helpers <= 0 || pthread_mutex_trylock(&pool.busy) != 0) {
         /* alone: one thread wanted, one task, or the pool is busy with another caller's job */
         for (int64_t t = 0; t < n_tasks; t++) {
