@@ -1,7 +1,5 @@
-/* The portable kernels compiled for x86-64-v3 (AVX2, FMA, F16C): the same code as kernels_portable.c, which
-   the compiler vectorises 8 lanes wide. Only called on CPUs that have them (dispatch.c checks). */
-#define SWIGLU_CALL_HEAVY
-#define PORTABLE_NATIVE_BYTES 32
+/* The kernels on the AVX2 SIMD layer (x86-64-v3: AVX2, FMA, F16C). Only called on CPUs that have them
+   (dispatch.c checks). */
 #include "kernel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -10,7 +8,7 @@
 #else
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 #endif
-#include "simd_portable.h"
+#include "simd_avx2.h"
 
 #define FN(name) swiglu_##name##_avx2
 #include "kernels.h"
