@@ -238,7 +238,32 @@ INLINE void glu_prefetch(const char *xn, const char *dyn, const char *yon, int64
     if (yon != NULL) __builtin_prefetch(yon + p * es, 0, 3);
 }
 
-/* Rows [r0, r1) x pairs [p0, p1) of one GLU operator, specialised by the caller's constants. */
+/* One step of a GLU row: 16 pairs from pair ``p`` (``m``: the pairs that exist; a constant full mask gives
+   plain loads and stores). */
+INLINE void glu_step(const glu_consts *c, const char *x, const char *dy, char *out, int64_t half, int64_t p, vm m,
+                     vf w, vf clamp, int masked, int a_index, const int op, const int dt, const int inter,
+                     const int flag) {
+    if (op != SWIGLU_OP_GROUP_GRAD && masked) { /* the clipped ops: +0.0, not computed */
+        if (op == SWIGLU_OP_CLIPPED_FWD) st_bits(out, p, u_zero(), dt, m);
+        else st_ab(out, half, p, u_zero(), u_zero(), inter, a_index, dt, m);
+        return;
+    }
+    vu ab, bb;
+    ld_ab(x, half, p, inter, a_index, dt, m, &ab, &bb);
+    const vf av = widen(ab, dt), bv = widen(bb, dt);
+    if (op == SWIGLU_OP_CLIPPED_FWD) {
+        st(out, p, glu_fwd(c, av, ab, bv, 1, flag, dt), dt, m);
+        return;
+    }
+    const vf dyv = ld(dy, p, dt, m);
+    vf ga, gb;
+    if (op == SWIGLU_OP_CLIPPED_BWD) glu_bwd(c, av, ab, bv, dyv, 1, flag, dt, &ga, &gb);
+    else gg_pairs(c, dyv, av, ab, bv, w, clamp, masked, flag, dt, &ga, &gb);
+    st_ab(out, half, p, narrow(ga, dt), narrow(gb, dt), inter, a_index, dt, m);
+}
+
+/* Rows [r0, r1) x pairs [p0, p1) of one GLU operator, specialised by the caller's constants: full steps of
+   16 pairs, then the row's tail. */
 INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1, const int op,
                      const int dt, const int inter, const int flag) {
     const swiglu_glu_args *a = job->a;
@@ -259,27 +284,12 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
         const char *yon = next && op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0
                               ? (const char *)a->y_origin + (r + 1) * half * es
                               : NULL;
-        for (int64_t p = p0; p < p1; p += 16) {
+        int64_t p = p0;
+        for (; p + 16 <= p1; p += 16) {
             if (next) glu_prefetch(xn, dyn, yon, half, p, inter, dt);
-            const vm m = m_lanes(p1 - p);
-            if (op != SWIGLU_OP_GROUP_GRAD && masked) { /* the clipped ops: +0.0, not computed */
-                if (op == SWIGLU_OP_CLIPPED_FWD) st_bits(out, p, u_zero(), dt, m);
-                else st_ab(out, half, p, u_zero(), u_zero(), inter, a_index, dt, m);
-                continue;
-            }
-            vu ab, bb;
-            ld_ab(x, half, p, inter, a_index, dt, m, &ab, &bb);
-            const vf av = widen(ab, dt), bv = widen(bb, dt);
-            if (op == SWIGLU_OP_CLIPPED_FWD) {
-                st(out, p, glu_fwd(&c, av, ab, bv, 1, flag, dt), dt, m);
-                continue;
-            }
-            const vf dyv = ld(dy, p, dt, m);
-            vf ga, gb;
-            if (op == SWIGLU_OP_CLIPPED_BWD) glu_bwd(&c, av, ab, bv, dyv, 1, flag, dt, &ga, &gb);
-            else gg_pairs(&c, dyv, av, ab, bv, w, clamp, masked, flag, dt, &ga, &gb);
-            st_ab(out, half, p, narrow(ga, dt), narrow(gb, dt), inter, a_index, dt, m);
+            glu_step(&c, x, dy, out, half, p, m_all(), w, clamp, masked, a_index, op, dt, inter, flag);
         }
+        if (p < p1) glu_step(&c, x, dy, out, half, p, m_lanes(p1 - p), w, clamp, masked, a_index, op, dt, inter, flag);
         if (op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0) /* never masked */
             a->grad_weight[r] = 0.0f + FN(gg_pairwise)(dy, (const char *)a->y_origin + r * half * es, half, dt);
     }
