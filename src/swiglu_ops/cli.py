@@ -131,8 +131,7 @@ def demo(argv=None) -> int:
         "--train-threads",
         type=int,
         default=1,
-        help="torch threads while training (default 1: the problem is small, and between the many small ops "
-        "of a step torch's spinning OpenMP threads starve the cpu backend's threads on a busy machine)",
+        help="torch threads while training (default 1: the problem is small; docs/integration.md)",
     )
     args = p.parse_args(argv)
     if args.hidden % 32 or args.d_model % 8:
