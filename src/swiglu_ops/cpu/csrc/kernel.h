@@ -17,9 +17,9 @@
 #define INLINE static inline __attribute__((always_inline))
 /* A kernel phase (a task's stage 1, its quantisation, a GLU tile) is a function of its own, specialised by
    its constant arguments (the compiler clones it per constant combination): small enough for the optimiser.
-   The larger numeric helpers (HEAVY) are inlined into the AVX-512 kernels and called in the portable builds,
-   where GCC lowers each 16-lane operation to several native ones (inlining them everywhere made those
-   builds minutes long and megabytes large). */
+   The larger numeric helpers (HEAVY) are inlined into the AVX-512 and AVX2 kernels and called in the
+   portable build, where GCC lowers each 16-lane operation to several native ones (inlining them there made
+   that build minutes long and megabytes large). */
 #define PHASE static __attribute__((noinline))
 #ifdef SWIGLU_CALL_HEAVY
 #define HEAVY static __attribute__((noinline))

@@ -1,7 +1,8 @@
 /* The SIMD layer in portable C: GNU vector extensions (GCC, Clang) of 16 lanes, which the compiler lowers
-   to whatever the target has (SSE2 or AVX2 on x86-64, NEON on AArch64, scalar code elsewhere).
+   to whatever the target has (SSE2 on x86-64, NEON on AArch64, scalar code elsewhere; AVX2 CPUs take
+   simd_avx2.h).
 
-   Every function gives the same result bits as its twin in simd_avx512.h: IEEE operations are exact
+   Every function gives the same result bits as its twins in simd_avx512.h and simd_avx2.h: IEEE operations are exact
    functions of their operands, the clamps are written as the same selects, the FMA is C's fmaf (one
    rounding: a single instruction where the target has FMA, glibc's exact software fmaf elsewhere), and the
    conversions are integer transcriptions of round-to-nearest-even with canonical NaNs. */
@@ -22,8 +23,8 @@ typedef vs vm; /* 16 lanes: 0 or -1 */
 #define LANES 16
 #define FOR_LANES for (int i_ = 0; i_ < LANES; i_++)
 
-/* Comparisons run on pieces of the target's native vector width (PORTABLE_NATIVE_BYTES: 16 = SSE2 / NEON
-   unless the including file says 32 = AVX2). GCC lowers a compare of a wider-than-native vector lane by
+/* Comparisons run on pieces of the target's native vector width (PORTABLE_NATIVE_BYTES: 16 = SSE2 / NEON;
+   an includer built for wider vectors may say so). GCC lowers a compare of a wider-than-native vector lane by
    lane with scalar compares and branches; a native-width compare is one instruction. */
 #ifndef PORTABLE_NATIVE_BYTES
 #define PORTABLE_NATIVE_BYTES 16
