@@ -23,17 +23,15 @@ typedef struct {
     __m256i lo, hi;
 } vm; /* 16 lanes: 0 or -1 */
 
-#define I8(x) _mm256_set1_epi32((int)(x))
+#define SPLAT8(x) _mm256_set1_epi32((int)(x)) /* 8 x 32-bit */
 #define ONES _mm256_set1_epi32(-1)
 #define CASTI(x) _mm256_castps_si256(x)
 #define CASTF(x) _mm256_castsi256_ps(x)
-/* A function of one or two 16-lane values, half by half. */
-#define HALVES(T, expr_lo, expr_hi) ((T){(expr_lo), (expr_hi)})
 
 /* ------------------------------------------------------------------------------------------ masks */
 INLINE vm m_all(void) { return (vm){ONES, ONES}; }
 INLINE vm m_lanes(int64_t n) {
-    const __m256i k = I8(n > 16 ? 16 : (n < 0 ? 0 : n));
+    const __m256i k = SPLAT8(n > 16 ? 16 : (n < 0 ? 0 : n));
     return (vm){_mm256_cmpgt_epi32(k, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
                 _mm256_cmpgt_epi32(k, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15))};
 }
@@ -82,7 +80,7 @@ INLINE vu v_bits(vf a) { return (vu){CASTI(a.lo), CASTI(a.hi)}; }
 INLINE vf v_from_bits(vu a) { return (vf){CASTF(a.lo), CASTF(a.hi)}; }
 
 /* ---------------------------------------------------------------------------------------- integers */
-INLINE vu u_set(uint32_t x) { return (vu){I8(x), I8(x)}; }
+INLINE vu u_set(uint32_t x) { return (vu){SPLAT8(x), SPLAT8(x)}; }
 INLINE vu u_zero(void) { return (vu){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 INLINE vu u_iota(void) {
     return (vu){_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)};
@@ -141,7 +139,7 @@ static __attribute__((noinline)) void st8_part(uint8_t *p, __m256i a, int k, int
 }
 /* The low 16 bits of 8 32-bit lanes, as 8 16-bit values; ``small``: the lanes are known to be < 65536. */
 INLINE __m128i narrow16(__m256i a, const int small) {
-    if (!small) a = _mm256_and_si256(a, I8(0xFFFF));
+    if (!small) a = _mm256_and_si256(a, SPLAT8(0xFFFF));
     return _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
 }
 INLINE __m256i ld16_half(const uint16_t *p, __m256i m) {
@@ -177,8 +175,8 @@ INLINE void u_store32(uint32_t *p, vu a, vm m) {
 INLINE void u_store8(uint8_t *p, vu a, vm m) {
     const int kl = m_bits8(m.lo), kh = m_bits8(m.hi);
     if ((kl & kh) == 0xFF) {
-        const __m128i b = _mm_packus_epi16(narrow16(_mm256_and_si256(a.lo, I8(0xFF)), 1),
-                                           narrow16(_mm256_and_si256(a.hi, I8(0xFF)), 1));
+        const __m128i b = _mm_packus_epi16(narrow16(_mm256_and_si256(a.lo, SPLAT8(0xFF)), 1),
+                                           narrow16(_mm256_and_si256(a.hi, SPLAT8(0xFF)), 1));
         _mm_storeu_si128((__m128i *)p, b);
         return;
     }
@@ -271,7 +269,7 @@ static __attribute__((noinline)) void st16_pairs_part(uint16_t *p, __m256i a, in
         if (k >> i & 1) p[2 * i] = (uint16_t)t[i], p[2 * i + 1] = (uint16_t)(t[i] >> 16);
 }
 INLINE void st16_pairs_half(uint16_t *p, __m256i even, __m256i odd, __m256i m) {
-    const __m256i a = _mm256_or_si256(_mm256_and_si256(even, I8(0xFFFF)), _mm256_slli_epi32(odd, 16));
+    const __m256i a = _mm256_or_si256(_mm256_and_si256(even, SPLAT8(0xFFFF)), _mm256_slli_epi32(odd, 16));
     const int k = m_bits8(m);
     if (k == 0xFF) _mm256_storeu_si256((__m256i *)p, a);
     else if (k != 0) st16_pairs_part(p, a, k);
@@ -309,7 +307,7 @@ INLINE vu u_block_amax16(const uint16_t *v, int64_t nb) {
 }
 INLINE vu u_block_amax32(const uint32_t *v, int64_t nb) {
     uint32_t r[16] = {0};
-    const __m256i mag = I8(0x7FFFFFFF);
+    const __m256i mag = SPLAT8(0x7FFFFFFF);
     for (int64_t k = 0; k < nb; k++) {
         const __m256i *q = (const __m256i *)(v + 32 * k);
         const __m256i a = _mm256_max_epu32(_mm256_and_si256(_mm256_loadu_si256(q), mag),
@@ -334,8 +332,8 @@ typedef struct {
 INLINE vw w_set(uint16_t x) { return (vw){_mm256_set1_epi16((short)x), _mm256_set1_epi16((short)x)}; }
 /* The low 16 bits of lane k of v in every lane (from registers: no store-to-load round trip). */
 INLINE vw w_bcast(vu v, int k) {
-    __m256i x = _mm256_permutevar8x32_epi32(k < 8 ? v.lo : v.hi, I8(k & 7));
-    x = _mm256_and_si256(x, I8(0xFFFF));
+    __m256i x = _mm256_permutevar8x32_epi32(k < 8 ? v.lo : v.hi, SPLAT8(k & 7));
+    x = _mm256_and_si256(x, SPLAT8(0xFFFF));
     x = _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
     return (vw){x, x};
 }
@@ -410,8 +408,8 @@ INLINE void w_store_nibbles(uint8_t *p, vw codes, vwm m) {
         return;
     }
     /* byte 0 of each 32-bit unit: its even lane's code | its odd lane's << 4 */
-    const __m256i a = _mm256_and_si256(_mm256_or_si256(codes.lo, _mm256_srli_epi32(codes.lo, 12)), I8(0xFF));
-    const __m256i b = _mm256_and_si256(_mm256_or_si256(codes.hi, _mm256_srli_epi32(codes.hi, 12)), I8(0xFF));
+    const __m256i a = _mm256_and_si256(_mm256_or_si256(codes.lo, _mm256_srli_epi32(codes.lo, 12)), SPLAT8(0xFF));
+    const __m256i b = _mm256_and_si256(_mm256_or_si256(codes.hi, _mm256_srli_epi32(codes.hi, 12)), SPLAT8(0xFF));
     const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0));
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
 }
@@ -433,14 +431,14 @@ INLINE vw w_sra(vw a, int n) { /* signed */
 }
 /* Variable 16-bit shifts (AVX2 has 32-bit ones): the low and the high lane of each 32-bit unit apart. */
 INLINE __m256i shrv16(__m256i a, __m256i n) { /* 0 for counts >= 16 */
-    const __m256i lo = _mm256_srlv_epi32(_mm256_and_si256(a, I8(0xFFFF)), _mm256_and_si256(n, I8(0xFFFF)));
+    const __m256i lo = _mm256_srlv_epi32(_mm256_and_si256(a, SPLAT8(0xFFFF)), _mm256_and_si256(n, SPLAT8(0xFFFF)));
     const __m256i hi = _mm256_srlv_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(n, 16));
     return _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
 }
 INLINE __m256i shlv16(__m256i a, __m256i n) {
-    const __m256i lo = _mm256_sllv_epi32(_mm256_and_si256(a, I8(0xFFFF)), _mm256_and_si256(n, I8(0xFFFF)));
-    const __m256i hi = _mm256_sllv_epi32(_mm256_and_si256(a, I8(0xFFFF0000)), _mm256_srli_epi32(n, 16));
-    return _mm256_or_si256(_mm256_and_si256(lo, I8(0xFFFF)), hi);
+    const __m256i lo = _mm256_sllv_epi32(_mm256_and_si256(a, SPLAT8(0xFFFF)), _mm256_and_si256(n, SPLAT8(0xFFFF)));
+    const __m256i hi = _mm256_sllv_epi32(_mm256_and_si256(a, SPLAT8(0xFFFF0000)), _mm256_srli_epi32(n, 16));
+    return _mm256_or_si256(_mm256_and_si256(lo, SPLAT8(0xFFFF)), hi);
 }
 INLINE vw w_shrv(vw a, vw n) { return W2(shrv16, a, n); }
 INLINE vw w_shlv(vw a, vw n) { return W2(shlv16, a, n); }
@@ -453,7 +451,7 @@ INLINE vw w_minz(vwm m, vw a, vw b) { /* m ? min(a, b) : 0 */
 /* 16 32-bit lanes' low 16 bits, in order (``small``: known to be < 65536). */
 INLINE __m256i pack16(vu a, const int small) {
     __m256i lo = a.lo, hi = a.hi;
-    if (!small) lo = _mm256_and_si256(lo, I8(0xFFFF)), hi = _mm256_and_si256(hi, I8(0xFFFF));
+    if (!small) lo = _mm256_and_si256(lo, SPLAT8(0xFFFF)), hi = _mm256_and_si256(hi, SPLAT8(0xFFFF));
     return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
 }
 /* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
@@ -482,12 +480,8 @@ INLINE vu u_to_fp16(vf v) {
     const vu h = {_mm256_cvtepu16_epi32(_mm256_cvtps_ph(v.lo, rne)), _mm256_cvtepu16_epi32(_mm256_cvtps_ph(v.hi, rne))};
     return u_sel(v_isnan(v), u_set(0x7E00), h);
 }
-/* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
-INLINE vu u_to_bf16(vf v) {
-    const vu u = v_bits(v);
-    const vu r = u_shr(u_add(u_add(u, u_set(0x7FFF)), u_and(u_shr(u, 16), u_set(1))), 16);
-    return u_sel(v_isnan(v), u_set(0x7FC0), r);
-}
+#include "simd_shared.h"
+INLINE vu u_to_bf16(vf v) { return u_to_bf16_int(v); }
 /* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes. */
 INLINE vw w_to_bf16x2(vf lo, vf hi) { return (vw){pack16(u_to_bf16(lo), 1), pack16(u_to_bf16(hi), 1)}; }
 

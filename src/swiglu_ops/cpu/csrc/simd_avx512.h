@@ -265,12 +265,7 @@ INLINE vu u_to_fp16(vf v) {
     const vu h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     return _mm512_mask_mov_epi32(h, v_isnan(v), _mm512_set1_epi32(0x7E00));
 }
-/* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
-INLINE vu u_to_bf16_int(vf v) {
-    const vu u = v_bits(v);
-    const vu r = u_shr(u_add(u_add(u, u_set(0x7FFF)), u_and(u_shr(u, 16), u_set(1))), 16);
-    return u_sel(v_isnan(v), u_set(0x7FC0), r);
-}
+#include "simd_shared.h"
 /* vcvtneps2bf16 rounds like the integer path except for NaN (payload kept) and fp32 subnormals (flushed):
    vectors holding one of those take the integer path. */
 #define BF16_SLOW(v) _mm512_fpclass_ps_mask((v), 0xA1) /* QNaN | SNaN | denormal */

@@ -23,12 +23,9 @@ typedef vs vm; /* 16 lanes: 0 or -1 */
 #define LANES 16
 #define FOR_LANES for (int i_ = 0; i_ < LANES; i_++)
 
-/* Comparisons run on pieces of the target's native vector width (PORTABLE_NATIVE_BYTES: 16 = SSE2 / NEON;
-   an includer built for wider vectors may say so). GCC lowers a compare of a wider-than-native vector lane by
+/* Comparisons run on pieces of the target's native vector width (16 bytes: SSE2 / NEON). GCC lowers a compare of a wider-than-native vector lane by
    lane with scalar compares and branches; a native-width compare is one instruction. */
-#ifndef PORTABLE_NATIVE_BYTES
 #define PORTABLE_NATIVE_BYTES 16
-#endif
 #define PIECES (64 / PORTABLE_NATIVE_BYTES)
 typedef float vf_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
 typedef uint32_t vu_n __attribute__((vector_size(PORTABLE_NATIVE_BYTES)));
@@ -379,12 +376,8 @@ HEAVY vu u_to_fp16(vf v) {
     h |= sign;
     return u_sel(u_gt(a, u_set(0x7F800000u)), u_set(0x7E00u), h);
 }
-/* fp32 -> bf16 bits, RNE, overflow to inf; NaN -> 0x7FC0 (canonical, PyTorch's). */
-INLINE vu u_to_bf16(vf v) {
-    const vu u = (vu)v;
-    const vu r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    return u_sel(v_isnan(v), u_set(0x7FC0u), r);
-}
+#include "simd_shared.h"
+INLINE vu u_to_bf16(vf v) { return u_to_bf16_int(v); }
 
 /* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes. */
 INLINE vw w_to_bf16x2(vf lo, vf hi) { return w_pack(u_to_bf16(lo), u_to_bf16(hi)); }
