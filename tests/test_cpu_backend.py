@@ -388,11 +388,31 @@ def _digest(results) -> list[bytes]:
 
 
 def _child_ops(inputs, queue) -> None:
-    # PyTorch's own OpenMP cannot be used after fork (its thread team is gone), so the child makes no torch
-    # call that would start one: its inputs come from the parent. The operators then run on 4 threads of
-    # the library's pool (not on the OpenMP team), which the child must start anew.
+    # A forked child must not start PyTorch's OpenMP (its thread team does not survive fork), so the child
+    # makes no torch call that would: its inputs come from the parent. The operators then run on 4 threads
+    # of the library's pool, which a forked child must start anew.
     torch.set_num_threads(4)
     queue.put((LIB.swiglu_cpu_threads_kind(), _digest(_both_ops(inputs))))
+
+
+def _parent_and_child(start_method: str) -> tuple[list[bytes], int, list[bytes]]:
+    """Both operators here (4 threads: the pool or team has threads when a child forks), then in a child
+    started by ``start_method``: (the parent's digest, the child's threads kind, the child's digest)."""
+    inputs = _both_ops_inputs()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        want = _digest(_both_ops(inputs))
+    finally:
+        torch.set_num_threads(saved)
+    ctx = multiprocessing.get_context(start_method)
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_ops, args=(inputs, queue))
+    child.start()
+    kind, got = queue.get(timeout=300)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    return want, kind, got
 
 
 def _gnu_openmp_loaded() -> bool:
@@ -403,55 +423,20 @@ def _gnu_openmp_loaded() -> bool:
         return False
 
 
-_POOL_SCRIPT = """
-import sys, torch, swiglu_ops
-from swiglu_ops.cpu import LIBRARY
-torch.set_num_threads(4)
-(dy, x, weight, y_origin), (mx_x, mx_dy) = torch.load(sys.argv[1])
-gg = swiglu_ops.swiglu_group_grad(dy, x, weight, y_origin, torch.tensor([300]), 3.0, backend="cpu")
-ends = torch.tensor([17, 100, 100, 333])
-mx = swiglu_ops.swiglu_backward_mx_quant_dual_axis(mx_x, mx_dy, ends, backend="cpu")
-torch.save((LIBRARY.lib.swiglu_cpu_threads_kind(), [t.view(torch.uint8) for t in (*gg, *mx)]), sys.argv[2])
-"""
-
-
-def test_jobs_run_on_pytorchs_openmp_team_or_on_the_pool_with_the_same_bits(tmp_path):
-    """Where PyTorch's GNU OpenMP is loaded, jobs run on its team; SWIGLU_OPS_CPU_POOL=own runs them on the
-    library's pool. Same tasks, same bits."""
-    kind = LIB.swiglu_cpu_threads_kind()
-    assert kind == (LIB.SWIGLU_THREADS_OPENMP if _gnu_openmp_loaded() else LIB.SWIGLU_THREADS_POOL)
-    inputs = _both_ops_inputs()
-    saved = torch.get_num_threads()
-    torch.set_num_threads(4)
-    try:
-        want = [t.view(torch.uint8) for t in _both_ops(inputs)]
-    finally:
-        torch.set_num_threads(saved)
-    torch.save(inputs, tmp_path / "inputs.pt")
-    env = {**os.environ, "SWIGLU_OPS_CPU_POOL": "own"}
-    cmd = [sys.executable, "-c", _POOL_SCRIPT, str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")]
-    subprocess.run(cmd, env=env, check=True, timeout=300)
-    pool_kind, got = torch.load(tmp_path / "out.pt")
-    assert pool_kind == LIB.SWIGLU_THREADS_POOL
-    for a, b, name in zip(got, want, _NAMES, strict=True):
-        assert_bitwise_equal(a, b, name)
+def test_jobs_run_on_pytorchs_openmp_team_or_on_the_pool_with_the_same_bits(monkeypatch):
+    """Where PyTorch's GNU OpenMP is loaded, jobs run on its team; SWIGLU_OPS_CPU_POOL=own (read once per
+    process: here by a spawned child) runs them on the library's pool. Same tasks, same bits."""
+    assert LIB.swiglu_cpu_threads_kind() == (
+        LIB.SWIGLU_THREADS_OPENMP if _gnu_openmp_loaded() else LIB.SWIGLU_THREADS_POOL
+    )
+    monkeypatch.setenv("SWIGLU_OPS_CPU_POOL", "own")
+    want, kind, got = _parent_and_child("spawn")
+    assert kind == LIB.SWIGLU_THREADS_POOL and got == want
 
 
 def test_a_forked_child_runs_both_operators_on_its_own_threads_after_the_parent_did():
-    inputs = _both_ops_inputs()
-    saved = torch.get_num_threads()
-    torch.set_num_threads(4)  # the parent's pool has threads at fork time
-    try:
-        want = _digest(_both_ops(inputs))
-    finally:
-        torch.set_num_threads(saved)
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child_ops, args=(inputs, queue))
-    child.start()
-    kind, got = queue.get(timeout=300)
-    child.join(timeout=60)
-    assert child.exitcode == 0 and got == want
+    want, kind, got = _parent_and_child("fork")
+    assert got == want
     assert kind == LIB.SWIGLU_THREADS_POOL  # never the OpenMP team, which does not survive fork
 
 
