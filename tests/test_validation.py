@@ -692,6 +692,7 @@ REJECTED = [
     ),
     ("env: cpu cache size negative", lambda: _cpu_cache_bytes("-1"), ValueError, "SWIGLU_OPS_CPU_CACHE_MB"),
     ("env: cpu simd not an instruction set", lambda: _cpu_simd("on"), ValueError, "SWIGLU_OPS_CPU_SIMD"),
+    ("env: cpu pool not auto/own", lambda: _cpu_pool("pool"), ValueError, "SWIGLU_OPS_CPU_POOL"),
     (
         "env: triton hw conversions not 0/1",
         lambda: _triton_hw_cvt("yes"),
@@ -705,6 +706,12 @@ def _cpu_simd(value):
     from swiglu_ops.cpu._loader import isa_choice_from_env
 
     return isa_choice_from_env(value)
+
+
+def _cpu_pool(value):
+    from swiglu_ops.cpu._loader import pool_choice_from_env
+
+    return pool_choice_from_env(value)
 
 
 def _cpu_cache_bytes(value):
@@ -723,6 +730,7 @@ def test_environment_settings_accepted():
     assert _cpu_cache_bytes("0") == 0 and _cpu_cache_bytes(" 64 ") == 64 << 20
     assert _cpu_simd(None) == _cpu_simd("auto") == ("avx512_bf16", "avx512", "avx2", "portable")
     assert _cpu_simd(" Portable ") == ("portable",) and _cpu_simd("avx512") == ("avx512",)
+    assert [_cpu_pool(v) for v in (None, "", "auto", " Own ")] == ["auto", "auto", "auto", "own"]
     assert [_triton_hw_cvt(v) for v in (None, "", "0", "1")] == [False, False, False, True]
 
 

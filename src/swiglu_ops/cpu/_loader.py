@@ -34,6 +34,19 @@ def isa_choice_from_env(value: str | None) -> tuple[str, ...]:
     raise ValueError(f"SWIGLU_OPS_CPU_SIMD must be auto or one of {', '.join(ISAS)}, got {value!r}")
 
 
+#: ``SWIGLU_OPS_CPU_POOL`` values: where jobs run (docs/cpu_backend.md, Parallel).
+POOLS = ("auto", "own")
+
+
+def pool_choice_from_env(value: str | None) -> str:
+    """``SWIGLU_OPS_CPU_POOL``: ``auto`` (PyTorch's OpenMP team where GNU OpenMP is loaded, else the library's
+    pool) or ``own`` (always the library's pool)."""
+    choice = "auto" if value is None or value.strip() == "" else value.strip().lower()
+    if choice not in POOLS:
+        raise ValueError(f"SWIGLU_OPS_CPU_POOL must be auto or own, got {value!r}")
+    return choice
+
+
 def source_hash(folder: Path = _CSRC) -> str | None:
     """What ``setup.py`` compiles into the library: the first 16 hex digits of the sha256 of the C sources,
     or None where the sources are not next to the package (an installed wheel)."""
@@ -84,6 +97,7 @@ class Library:
             )
             return
         allowed = isa_choice_from_env(os.environ.get("SWIGLU_OPS_CPU_SIMD"))
+        lib.swiglu_cpu_use_own_pool(pool_choice_from_env(os.environ.get("SWIGLU_OPS_CPU_POOL")) == "own")
         codes = {name: getattr(lib, f"SWIGLU_ISA_{name.upper()}") for name in ISAS}
         usable = [name for name in allowed if lib.swiglu_cpu_isa_supported(codes[name])]
         if not usable:

@@ -3,8 +3,6 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "kernel.h"
@@ -159,16 +157,17 @@ static int grow_workers(int want) {
    milliseconds, on the cores the pool's threads would need (MX backward at M=8192 right after a torch
    op: 11 ms on the pool, 7.5 on the team), while the team takes the job at once. The tasks are the
    same, taken from a counter of the job's own, so the bits are too. Not in a forked child (libgomp's team
-   does not survive fork: PyTorch's own parallel operations hang there) and not with
-   SWIGLU_OPS_CPU_POOL=own: the pool then runs the job. */
+   does not survive fork: PyTorch's own parallel operations hang there) and not after
+   swiglu_cpu_use_own_pool(1) (SWIGLU_OPS_CPU_POOL=own, read by the Python loader): the pool then runs it. */
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 static gomp_parallel_fn gomp_parallel; /* NULL: no OpenMP team to use */
 static pid_t gomp_pid;                 /* the process that found it (a forked child has another pid) */
 static pthread_once_t gomp_once = PTHREAD_ONCE_INIT;
+static atomic_int own_pool; /* 1: always the pool */
+
+void swiglu_cpu_use_own_pool(int32_t own) { atomic_store(&own_pool, own != 0); }
 
 static void find_gomp(void) {
-    const char *choice = getenv("SWIGLU_OPS_CPU_POOL");
-    if (choice != NULL && strcmp(choice, "own") == 0) return;
     void *lib = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD); /* only one that is already loaded */
     if (lib == NULL) return;
     gomp_parallel = (gomp_parallel_fn)dlsym(lib, "GOMP_parallel");
@@ -178,7 +177,7 @@ static void find_gomp(void) {
 
 static int use_gomp(void) {
     pthread_once(&gomp_once, find_gomp);
-    return gomp_parallel != NULL && getpid() == gomp_pid;
+    return !atomic_load(&own_pool) && gomp_parallel != NULL && getpid() == gomp_pid;
 }
 
 typedef struct {

@@ -37,7 +37,7 @@
 
 /* Bumped whenever a struct or prototype below changes: a library built from another version of this file
    is refused at load. */
-#define SWIGLU_ABI_VERSION 3
+#define SWIGLU_ABI_VERSION 4
 
 /* Which member of the GLU family (swiglu_ops.glu.GluParams), and its activation tables. */
 typedef struct {
@@ -98,10 +98,11 @@ void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, flo
    encoder leaves to the per-element one. */
 void swiglu_fp8_x32_check(int32_t dtype, int32_t format, int32_t isa, int64_t *mismatches, int64_t *left);
 /* Where jobs run: PyTorch's OpenMP team (GNU libgomp, found in the process) or the library's own pool (no
-   such runtime, a forked child, or SWIGLU_OPS_CPU_POOL=own). */
+   such runtime, a forked child, or the pool chosen by swiglu_cpu_use_own_pool(1)). */
 #define SWIGLU_THREADS_POOL 0
 #define SWIGLU_THREADS_OPENMP 1
 int32_t swiglu_cpu_threads_kind(void);
+void swiglu_cpu_use_own_pool(int32_t own);
 /* The operators; return 0, -1 for arguments outside the contract (checked by the Python side first), -2 when
    working memory could not be allocated. */
 int32_t swiglu_glu_run(const swiglu_glu_args *args, int32_t isa, int32_t n_threads);
