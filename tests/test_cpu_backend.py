@@ -100,10 +100,10 @@ def test_activation_tables_are_identical_on_every_instruction_set(kind, alpha, l
 @pytest.mark.parametrize(("dtype", "subnormals"), [("BF16", 2 * 127), ("FP16", 2 * 1023)])
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2", "E2M1", "E1M2"])
 def test_the_fp8_encoder_of_16_bit_values_matches_the_per_element_encoder_everywhere(dtype, subnormals, fmt):
-    """The MX kernels encode 16-bit values 32 at a time from their bits (numerics.h fp8x32_code), FP8 and FP4
-    with round mode rint: for every finite bit pattern and every scale code, the same code as the
-    per-element encoder (fp8_encode of the fp32 product; fp4_encode), except the subnormal sources it leaves
-    to that encoder (counted: the kernels then use it)."""
+    """The MX kernels encode 16-bit values 32 at a time from their bits, both axes at once (numerics.h
+    fp8x32_code2), FP8 and FP4 with round mode rint: for every finite bit pattern and every scale code on
+    each axis, the same code as the per-element encoder (fp8_encode of the fp32 product; fp4_encode), except
+    the subnormal sources it leaves to that encoder (counted: the kernels then use it)."""
     ffi = cpu_backend.LIBRARY.ffi
     for name in ISAS:
         mismatches, left = ffi.new("int64_t *"), ffi.new("int64_t *")
@@ -111,8 +111,9 @@ def test_the_fp8_encoder_of_16_bit_values_matches_the_per_element_encoder_everyw
         LIB.swiglu_fp8_x32_check(
             getattr(LIB, f"SWIGLU_{dtype}"), getattr(LIB, f"SWIGLU_FMT_{fmt}"), code, mismatches, left
         )
-        # left: the subnormal sources under every scale code but 0xFF (a NaN/inf block: all codes 0x00)
-        assert (mismatches[0], left[0]) == (0, 255 * subnormals), name
+        # left: the subnormal sources under every scale code but 0xFF (a NaN/inf block: all codes 0x00), on
+        # both axes
+        assert (mismatches[0], left[0]) == (0, 2 * 255 * subnormals), name
 
 
 # ----------------------------------------------------------------------------- against the reference

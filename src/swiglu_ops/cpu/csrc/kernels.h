@@ -16,8 +16,9 @@ void FN(act_build)(int kind, int dt, float alpha, float limit, float *out) {
     }
 }
 
-/* swiglu_fp8_x32_check (swiglu_cpu.h) for this instruction set: fp8x32_code against fp8_encode (FP8) or
-   fp4_encode with round mode rint (FP4), for every 16-bit pattern under every scale code. */
+/* swiglu_fp8_x32_check (swiglu_cpu.h) for this instruction set: fp8x32_code2 against fp8_encode (FP8) or
+   fp4_encode with round mode rint (FP4), for every 16-bit pattern under every scale code, on both axes (the
+   second under the scale code 255 - s, so that every pair of normal and subnormal results meets). */
 void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
     const int fp4 = format == SWIGLU_FMT_E2M1 || format == SWIGLU_FMT_E1M2; /* FP4: rint, the OCP rule */
     const swiglu_mx_args args = {.format = format, .round_mode = SWIGLU_ROUND_RINT, .scale_alg = fp4 ? 0 : 1};
@@ -27,29 +28,42 @@ void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
     const uint16_t inf_bits = dt == SWIGLU_BF16 ? 0x7F80 : 0x7C00;
     *mismatches = *left = 0;
     for (uint32_t scale = 0; scale < 256; scale++) {
-        vu keep;
-        const vw off = w_bcast(fp8x32_block(&c, u_set(scale), &keep), 0), kv = w_bcast(keep, 0);
-        uint32_t recip_bits = scale >= 254 ? 0x00400000u : (254u - scale) << 23;
-        if (scale == 0xFF) recip_bits = 0x7FC00000u;
-        const vf recip = v_from_bits(u_set(recip_bits));
+        const uint32_t scales[2] = {scale, 255 - scale};
+        vw off[2], kv[2];
+        vf recip[2];
+        for (int k = 0; k < 2; k++) {
+            vu keep;
+            off[k] = w_bcast(fp8x32_block(&c, u_set(scales[k]), &keep), 0);
+            kv[k] = w_bcast(keep, 0);
+            uint32_t recip_bits = scales[k] >= 254 ? 0x00400000u : (254u - scales[k]) << 23;
+            if (scales[k] == 0xFF) recip_bits = 0x7FC00000u;
+            recip[k] = v_from_bits(u_set(recip_bits));
+        }
         for (uint32_t base = 0; base < 65536; base += 32) {
             _Alignas(64) uint16_t bits[32];
-            _Alignas(64) uint8_t fast[32], slow[32];
+            _Alignas(64) uint8_t fast[2][32], slow[2][32];
             for (int i = 0; i < 32; i++) bits[i] = (uint16_t)(base + i);
             const fp8x32_values p = fp8x32_prepare(&c, w_load(bits, w_lanes(32)));
-            w_store8(fast, fp8x32_code(&c, &p, off, kv), w_lanes(32));
-            for (int h = 0; h < 32; h += 16) {
-                const vf v = widen(u_load16(bits + h, m_all()), dt);
-                u_store8(slow + h, fp4 ? fp4_encode(&f, v, recip) : fp8_encode(&f, v_mul(v, recip)), m_all());
-            }
+            vw c1, c2;
+            fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2);
+            w_store8(fast[0], w_and(c1, kv[0]), w_lanes(32));
+            w_store8(fast[1], w_and(c2, kv[1]), w_lanes(32));
+            for (int k = 0; k < 2; k++)
+                for (int h = 0; h < 32; h += 16) {
+                    const vf v = widen(u_load16(bits + h, m_all()), dt);
+                    u_store8(slow[k] + h, fp4 ? fp4_encode(&f, v, recip[k]) : fp8_encode(&f, v_mul(v, recip[k])),
+                             m_all());
+                }
             /* left to the per-element encoders: the subnormal sources (fp8x32_track), but for a NaN/inf block (all 0x00) */
-            _Alignas(64) uint16_t okv[32];
             const vw sub = fp8x32_track(&p, w_set(0xFFFF));
-            w_store(okv, w_sel(w_lt_u(sub, w_set(c.sub_max)), w_set(scale == 0xFF), w_set(1)), w_lanes(32));
-            for (int i = 0; i < 32; i++) {
-                if ((bits[i] & 0x7FFF) >= inf_bits) continue; /* inf / NaN: only in NaN/inf blocks */
-                if (!okv[i]) (*left)++;
-                else if (fast[i] != slow[i]) (*mismatches)++;
+            for (int k = 0; k < 2; k++) {
+                _Alignas(64) uint16_t okv[32];
+                w_store(okv, w_sel(w_lt_u(sub, w_set(c.sub_max)), w_set(scales[k] == 0xFF), w_set(1)), w_lanes(32));
+                for (int i = 0; i < 32; i++) {
+                    if ((bits[i] & 0x7FFF) >= inf_bits) continue; /* inf / NaN: only in NaN/inf blocks */
+                    if (!okv[i]) (*left)++;
+                    else if (fast[k][i] != slow[k][i]) (*mismatches)++;
+                }
             }
         }
     }

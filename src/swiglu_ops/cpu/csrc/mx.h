@@ -166,12 +166,17 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
 }
 
 /* 32 values from ``v + j`` (``m``: those that exist): both code rows (FP8: a byte each; FP4: two per byte),
-   y1 with their row block's ``off1``/``keep1``, y2 with their columns' ``off2``/``keep2``; returns ``acc``
-   updated by fp8x32_track. */
+   y1 with their row block's ``off1``, y2 with their columns' ``off2``; ``special`` (a constant): some block
+   is NaN/inf, its lanes' ``keep1``/``keep2`` 0 (codes 0x00). Returns ``acc`` updated by fp8x32_track. */
 INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw off1, vw keep1, const uint16_t *off2,
-                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4) {
+                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4, const int special) {
     const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
-    const vw c1 = fp8x32_code(c, &p, off1, keep1), c2 = fp8x32_code(c, &p, w_load(off2 + j, m), w_load(keep2 + j, m));
+    vw c1, c2;
+    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2);
+    if (special) {
+        c1 = w_and(c1, keep1);
+        c2 = w_and(c2, w_load(keep2 + j, m));
+    }
     if (fp4) {
         w_store_nibbles(y1 + j / 2, c1, m);
         w_store_nibbles(y2 + j / 2, c2, m);
@@ -182,27 +187,36 @@ INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw o
     return fp8x32_track(&p, acc);
 }
 
-/* Both code rows of ``n`` <= 512 stored 16-bit values of a tile row (FP8, or FP4 rounded by rint), 32 at a
-   time by fp8x32_code, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
-   the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
-   one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte). Full vectors first (plain
-   loads and stores). If the run holds a subnormal source (fp8x32_code does not encode those), both rows are
-   encoded again, the whole run, by the per-element encoders. */
-INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
-                            vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
-                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4) {
+/* The codes_x32 steps over ``n`` <= 512 values, full vectors first (plain loads and stores). */
+INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
+                    const uint16_t *off2, const uint16_t *keep2, int64_t n, const fp8x32_format *c, const int fp4,
+                    const int special) {
     vw acc = w_set(0xFFFF);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
         acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32),
-                        fp4);
+                        fp4, special);
     if (j < n)
         acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j),
-                        fp4);
+                        fp4, special);
+    return acc;
+}
+
+/* Both code rows of ``n`` <= 512 stored 16-bit values of a tile row (FP8, or FP4 rounded by rint), 32 at a
+   time by fp8x32_code2, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
+   the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
+   one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte); ``special``: some of these
+   blocks or columns is NaN/inf. If the run holds a subnormal source (fp8x32_code2 does not encode those),
+   both rows are encoded again, the whole run, by the per-element encoders. */
+INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
+                            vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
+                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4, int special) {
+    const vw acc = special ? codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 1)
+                           : codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 0);
     if (__builtin_expect(!fp8x32_subnormal_sources(c, acc), 1)) return;
     float r[16];
     v_storef(r, r1, m_all());
-    for (j = 0; j < n; j += 16) {
+    for (int64_t j = 0; j < n; j += 16) {
         const vm m = m_lanes(n - j);
         const vf x = ld(v, j, dt, m);
         store_codes(y1, j, x, v_set(r[j / 32]), f, m, fp4);
@@ -229,6 +243,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
     _Alignas(64) float col_recip[2 * MX_MAX_CHUNK];
     _Alignas(64) uint16_t col_off[2 * MX_MAX_CHUNK], col_keep[2 * MX_MAX_CHUNK];
     uint8_t *s2 = a->s2 + ((blk->b * a->s2_rows + blk->s2_row) * W + col0) * 2 + blk->slot;
+    vm col_special = m_lanes(0); /* lanes of NaN/inf columns */
     for (int64_t j = 0; j < width; j += 16) {
         const vm m = m_lanes(width - j);
         vf recip;
@@ -238,6 +253,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
             vu keeps;
             u_store16(col_off + j, fp8x32_block(&c, codes, &keeps), m_all());
             u_store16(col_keep + j, keeps, m_all());
+            col_special = m_or(col_special, m_and(m, u_eq(codes, u_set(0xFF))));
         }
         u_store8_even(s2 + 2 * j, codes, m); /* every other byte: mxscale2's two 32-row slots */
     }
@@ -276,8 +292,9 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const void *tile
                 u_store16(off1, fp8x32_block(&c, codes, &keeps), m_all());
                 u_store16(keep1, keeps, m_all());
                 const int64_t at = fp4 ? col / 2 : col; /* the block's first code byte */
+                const int special = m_any(m_or(col_special, m_and(m_lanes(nb), u_eq(codes, u_set(0xFF)))));
                 store_codes_x32(y1 + at, y2 + at, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
-                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4);
+                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4, special);
                 continue;
             }
             float r[16];

@@ -214,9 +214,9 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
      (the product in units of the smallest subnormal, 2**(1 - bias - mbits)); it carries into the smallest
      normal code exactly as fp8_encode's does.
    Zeros and the lanes of a NaN/inf block (``keep`` 0: code 0x00) are done too. Subnormal sources are not:
-   the caller checks for them (fp8x32_subnormal_sources) and then encodes the whole run with fp8_encode; they
-   only occur in blocks whose amax is itself below 2**-126 (bf16) or 2**-14 (fp16). The caller passes, per
-   lane, the block's ``off`` and ``keep`` (fp8x32_block), computed once per block (y1) or column (y2). */
+   the caller checks for them (fp8x32_subnormal_sources) and then encodes the whole run with fp8_encode. The
+   caller passes, per lane, the block's ``off`` and ``keep`` (fp8x32_block), computed once per block (y1) or
+   column (y2), and applies ``keep`` only where a block is NaN/inf. */
 typedef struct {
     int sh, mbits, src_mbits;          /* src_mbits - mbits; the format's and the source's mantissa bits */
     int sign_shift;                    /* 8 (FP8: the sign is bit 7 of a code) or 12 (FP4: bit 3) */
@@ -252,7 +252,7 @@ INLINE vu fp8x32_block(const fp8x32_format *c, vu codes, vu *keep) {
     return u_and(u_shl(u_sub(u_set(c->kd), q), c->mbits), u_set(0xFFFF));
 }
 
-/* What fp8x32_code needs of 32 values, whatever their block: computed once for both axes. */
+/* What fp8x32_code2 needs of 32 values, whatever their block: computed once for both axes. */
 typedef struct {
     vw a, r, sign;
     vwm nz;
@@ -274,23 +274,33 @@ INLINE fp8x32_values fp8x32_prepare(const fp8x32_format *c, vw v) {
 INLINE vw fp8x32_track(const fp8x32_values *p, vw acc) { return w_min(acc, w_sub(p->a, w_set(1))); }
 INLINE int fp8x32_subnormal_sources(const fp8x32_format *c, vw acc) { return wm_any(w_lt_u(acc, w_set(c->sub_max))); }
 
-INLINE vw fp8x32_code(const fp8x32_format *c, const fp8x32_values *p, vw off, vw keep) {
-    /* normal results: the rounded source plus the exponent offset; zeros give 0 (their sign is added below) */
-    const vw code_n = w_add(p->r, off);
-    const vwm sub = wm_and(p->nz, w_lt_s(code_n, w_set(c->normal)));
-    vw code = w_minz(p->nz, code_n, w_set(c->max_code));
-    if (wm_any(sub)) {
-        /* subnormal results: RNE(mant >> s), s = S - E - d = q - E (at most 16: the result is 0 from there) */
-        const vw one = w_set(1);
-        const vw q = w_sub(w_set(c->kd), w_sra(off, c->mbits));
-        const vw e = w_shr(p->a, c->src_mbits);
-        const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
-        const vw s = w_min(w_sub(q, e), w_set(16));
-        const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
-        const vw code_s = w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
-        code = w_sel(sub, code_s, code);
+/* The subnormal results of values under one block offset: RNE(mant >> s), s = S - E - d = q - E (at most 16:
+   the result is 0 from there). */
+INLINE vw fp8x32_subnormal(const fp8x32_format *c, const fp8x32_values *p, vw off) {
+    const vw one = w_set(1);
+    const vw q = w_sub(w_set(c->kd), w_sra(off, c->mbits));
+    const vw e = w_shr(p->a, c->src_mbits);
+    const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
+    const vw s = w_min(w_sub(q, e), w_set(16));
+    const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
+    return w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
+}
+
+/* The codes of the same 32 values under two block offsets (the row block's, ``off1``, and the column's,
+   ``off2``), sign included; the lanes of a NaN/inf block are the caller's (its ``keep``). Normal results
+   are the rounded source plus the offset (zeros give 0); the subnormal ones, rare, only where some lane
+   has one (one test for both). */
+INLINE void fp8x32_code2(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2) {
+    const vw n1 = w_add(p->r, off1), n2 = w_add(p->r, off2), normal = w_set(c->normal);
+    const vwm lt1 = w_lt_s(n1, normal), lt2 = w_lt_s(n2, normal);
+    vw k1 = w_minz(p->nz, n1, w_set(c->max_code)), k2 = w_minz(p->nz, n2, w_set(c->max_code));
+    if (wm_any(wm_and(p->nz, wm_or(lt1, lt2)))) {
+        const vwm s1 = wm_and(p->nz, lt1), s2 = wm_and(p->nz, lt2);
+        if (wm_any(s1)) k1 = w_sel(s1, fp8x32_subnormal(c, p, off1), k1);
+        if (wm_any(s2)) k2 = w_sel(s2, fp8x32_subnormal(c, p, off2), k2);
     }
-    return w_and(w_or(code, p->sign), keep);
+    *c1 = w_or(k1, p->sign);
+    *c2 = w_or(k2, p->sign);
 }
 
 /* FP4 codes (nibbles) of the exact products v * m (spec swiglu_mx_quant.md 3.5, mx.encode): k = round(t / q)

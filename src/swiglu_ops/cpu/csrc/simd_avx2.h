@@ -383,13 +383,13 @@ INLINE void w_store(uint16_t *p, vw a, vwm m) {
     _mm256_storeu_si256((__m256i *)p, a.lo);
     _mm256_storeu_si256((__m256i *)(p + 16), a.hi);
 }
+/* 32 lanes below 256 (codes) as bytes. */
 INLINE void w_store8(uint8_t *p, vw a, vwm m) {
     if (!wm_full(m)) {
         w_store_part(p, a, m, 1);
         return;
     }
-    const __m256i lo = _mm256_and_si256(a.lo, _mm256_set1_epi16(0xFF)), hi = _mm256_and_si256(a.hi, _mm256_set1_epi16(0xFF));
-    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), _MM_SHUFFLE(3, 1, 2, 0)));
+    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(_mm256_packus_epi16(a.lo, a.hi), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 /* 32 FP4 codes (nibbles in 16-bit lanes) packed two per byte, lane 2j in the low nibble: 16 bytes, ``m``
    selecting whole pairs of lanes. */

@@ -209,6 +209,7 @@ INLINE void w_store(uint16_t *p, vw a, vwm m) {
     if (FULL32(m)) _mm512_storeu_si512(p, a);
     else _mm512_mask_storeu_epi16(p, m, a);
 }
+/* 32 lanes below 256 (codes) as bytes. */
 INLINE void w_store8(uint8_t *p, vw a, vwm m) {
     if (FULL32(m)) _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi16_epi8(a));
     else _mm512_mask_cvtepi16_storeu_epi8(p, m, a);

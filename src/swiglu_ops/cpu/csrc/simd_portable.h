@@ -287,6 +287,7 @@ INLINE void w_store(uint16_t *p, vw a, vwm m) {
     if (!wm_all(m, w_lanes(32))) w_store_part(p, a, m);
     else memcpy(p, &a, sizeof a);
 }
+/* 32 lanes below 256 (codes) as bytes. */
 HEAVY void w_store8(uint8_t *p, vw a, vwm m) {
     FOR_WLANES if (m[i_]) p[i_] = (uint8_t)a[i_];
 }
