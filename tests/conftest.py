@@ -26,6 +26,25 @@ INTERPRETED = ("triton",)
 COMPILED_BACKENDS = [b for b in BACKENDS if b not in INTERPRETED]
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pyproject.toml's addopts): one worker per CPU this process may run on, at most 4. Each
+    worker imports torch and Triton (about 1 GB); the >2**31-element test needs about 11 GB on its own."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, 4))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tests marked ``slow`` first, longest first (``seconds``: about how long one takes on a 2-core
+    CI machine), the order otherwise kept: with several workers (and ``--maxschedchunk 2``, so that no
+    worker queues more than a few) the longest ones start at once instead of ending the run alone."""
+
+    def key(item):
+        slow = item.get_closest_marker("slow")
+        return -slow.kwargs.get("seconds", 1) if slow is not None else 0
+
+    items.sort(key=key)
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request) -> str:
     """Every backend available for CPU tensors (session-scoped so hypothesis tests can use it)."""

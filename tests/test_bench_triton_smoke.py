@@ -34,6 +34,7 @@ def test_run_gpu_checks_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "run_gpu_checks.sh")], check=True)
 
 
+@pytest.mark.slow(seconds=30)
 def test_bench_triton_smoke(tmp_path):
     bench = _bench_module()
     regex = re.compile(bench.sass_regex())

@@ -289,6 +289,7 @@ print("ORDER-OK" if not bad else f"MISMATCH {bad}")
 """
 
 
+@pytest.mark.slow(seconds=55)
 def test_compile_before_any_eager_call_in_a_fresh_process():
     from conftest import BACKENDS
 

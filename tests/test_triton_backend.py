@@ -170,6 +170,7 @@ def _mx_extreme_case(dtype, gen):
     return x.to(DEVICE), dy.to(DEVICE)
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize(
     ("block_n", "dtype"),
     [(b, torch.bfloat16) for b in (32, 64, 128, 256)] + [(64, torch.float16), (64, torch.float32)],
@@ -579,6 +580,7 @@ def _equal_bits_nan_payloads_aside(got: torch.Tensor, want: torch.Tensor, what: 
     _equal_codes(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8), what)
 
 
+@pytest.mark.slow(seconds=55)
 def test_hw_path_gives_the_default_bytes(monkeypatch):
     """The opt-in GPU path (HW_CVT: hardware conversions, the branch-free fast reciprocals and quotients,
     their keys, the exact redo of a tile) runs in the interpreter with its PTX pieces emulated: it must give

@@ -16,9 +16,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "sass_budget.py"
 
 
+@pytest.mark.slow(seconds=25)
 def test_sass_instruction_budgets(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "budget.json"
