@@ -26,8 +26,9 @@ INTERPRETED = ("triton",)
 COMPILED_BACKENDS = [b for b in BACKENDS if b not in INTERPRETED]
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist the suite runs in one process
 def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto`` (pyproject.toml's addopts): one worker per CPU this process may run on, at most 4. Each
+    """``-n auto`` (the README's test command): one worker per CPU this process may run on, at most 4. Each
     worker imports torch and Triton (about 1 GB); the >2**31-element test needs about 11 GB on its own."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cpus, 4))
@@ -35,7 +36,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """The tests marked ``slow`` first, longest first (``seconds``: about how long one takes on a 2-core
-    CI machine), the order otherwise kept: with several workers (and ``--maxschedchunk 2``, so that no
+    CI machine), the order otherwise kept: with several workers (``-n auto --maxschedchunk 2``, so that no
     worker queues more than a few) the longest ones start at once instead of ending the run alone."""
 
     def key(item):

@@ -20,9 +20,7 @@ CHECKS = pathlib.Path(__file__).with_name("_triton_compile_checks.py")
 @pytest.mark.slow(seconds=240)
 def test_every_kernel_specialization_compiles_for_sm90_and_sm100():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # -n0: the child compiles in its own process pool; it must not take the suite's xdist workers (addopts)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-n0", "--noconftest", "-p", "no:cacheprovider"]
-    cmd.append(str(CHECKS))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "--noconftest", "-p", "no:cacheprovider", str(CHECKS)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     print(proc.stdout[-12000:])  # the registers / spills / shared-memory table
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
