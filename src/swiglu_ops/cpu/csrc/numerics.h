@@ -213,10 +213,10 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
    - a subnormal FP8 result is RNE(mant / 2**(S - E - d)), d = (127 - src_bias) + bias + mbits - 1 - src_mbits
      (the product in units of the smallest subnormal, 2**(1 - bias - mbits)); it carries into the smallest
      normal code exactly as fp8_encode's does.
-   Zeros and the lanes of a NaN/inf block (``keep`` 0: code 0x00) are done too. Subnormal sources are not:
-   the caller checks for them (fp8x32_subnormal_sources) and then encodes the whole run with fp8_encode. The
-   caller passes, per lane, the block's ``off`` and ``keep`` (fp8x32_block), computed once per block (y1) or
-   column (y2), and applies ``keep`` only where a block is NaN/inf. */
+   Zeros are done too. Subnormal sources are not: the caller checks for them (fp8x32_subnormal_sources) and
+   then encodes the whole run with fp8_encode. The caller passes, per lane, the block's ``off``
+   (fp8x32_block, computed once per block (y1) or column (y2)) and zeroes the lanes of a NaN/inf block with
+   its ``keep`` (code 0x00), only where such a block exists. */
 typedef struct {
     int sh, mbits, src_mbits;          /* src_mbits - mbits; the format's and the source's mantissa bits */
     int sign_shift;                    /* 8 (FP8: the sign is bit 7 of a code) or 12 (FP4: bit 3) */
