@@ -144,15 +144,16 @@ def test_mx_quant_special_values(dtype):
         _check_mx(x.to(DEVICE), y_grad.to(DEVICE), scale_alg=scale_alg, dst_dtype=torch.float8_e5m2)
 
 
-def _mx_extreme_case(dtype, gen):
+def _mx_extreme_case(dtype, gen, n=320):
     """Blocks that exercise every branch of the FP8 encode: NaN and inf blocks, subnormal results of the
     scaled values (tiny elements next to a large one), exact ties, values that saturate under the floor
-    rule (amax mantissa above the format's max), signed zeros and fp32-subnormal gradients."""
-    m, n = 70, 320
+    rule (amax mantissa above the format's max), signed zeros and fp32-subnormal gradients. 70 rows (ragged
+    32-row blocks); ``n`` (a multiple of 4, at least 32) pairs per row."""
+    m = 70
     x = _randn(m, 2 * n, dtype=dtype, scale=3.0, gen=gen).cpu()
     dy = _randn(m, n, dtype=dtype, gen=gen).cpu()
     x[0, 0] = torch.nan
-    x[33, 310] = torch.inf
+    x[33, n - 10] = torch.inf
     x[40, 5] = -torch.inf
     dy[2, :] = 1e-38 if dtype != torch.float16 else 1e-7  # subnormal gradients (scaled up by 2**127)
     # One row mixing tiny and ordinary magnitudes (FP8 subnormals after scaling). A constant gate keeps exp
@@ -170,7 +171,14 @@ def _mx_extreme_case(dtype, gen):
     return x.to(DEVICE), dy.to(DEVICE)
 
 
-@pytest.mark.slow(seconds=30)
+_MX_BWD_DEFAULT_TILE = triton_backend.MX_BWD_BLOCK_N
+# (tile, dtype) -> the (scale rule, format) pair it runs, as an index into [(0, E4M3), (0, E5M2), (1, E4M3),
+# (1, E5M2)]: every pair on one variant besides the default
+_TILE_VARIANT_PAIR = {(32, torch.bfloat16): 0, (128, torch.bfloat16): 1, (256, torch.bfloat16): 2,
+                      (64, torch.float16): 3, (64, torch.float32): 0}  # fmt: skip
+
+
+@pytest.mark.slow(seconds=15)
 @pytest.mark.parametrize(
     ("block_n", "dtype"),
     [(b, torch.bfloat16) for b in (32, 64, 128, 256)] + [(64, torch.float16), (64, torch.float32)],
@@ -178,14 +186,18 @@ def _mx_extreme_case(dtype, gen):
 def test_mx_quant_tile_variants_extreme_values(monkeypatch, block_n, dtype):
     """Every MX_BWD_BLOCK_N the benchmark tunes over (bf16; fp16 and fp32 at the default width: the tile
     code does not depend on the dtype beyond the vector width, which every other MX test covers), with
-    NaN/inf/subnormal/saturating/tie inputs, both scale rules and both FP8 formats, byte-exact against the
-    reference (ragged and empty groups)."""
+    NaN/inf/subnormal/saturating/tie inputs, byte-exact against the reference (ragged and empty groups).
+    The default tile on bf16 runs both scale rules with both FP8 formats; the other variants one
+    (rule, format) pair each, so that every pair also runs off the default (tile, dtype): the format and
+    the rule are constexprs of the quantizer, independent of the tile and of the input dtype."""
     monkeypatch.setattr(triton_backend, "MX_BWD_BLOCK_N", block_n)
     x, dy = _mx_extreme_case(dtype, torch.Generator().manual_seed(block_n))
     gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
-    for scale_alg in (0, 1):
-        for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
-            _check_mx(x, dy, gi, scale_alg=scale_alg, dst_dtype=fmt)
+    pairs = [(s, f) for s in (0, 1) for f in (torch.float8_e4m3fn, torch.float8_e5m2)]
+    if (block_n, dtype) != (_MX_BWD_DEFAULT_TILE, torch.bfloat16):
+        pairs = [pairs[_TILE_VARIANT_PAIR[block_n, dtype]]]
+    for scale_alg, fmt in pairs:
+        _check_mx(x, dy, gi, scale_alg=scale_alg, dst_dtype=fmt)
     _check_mx(x, dy, activate_left=False)
 
 
@@ -554,7 +566,7 @@ def _hw_path_cases():
             cases.append((f"clipped_swiglu_grad mode 1 {dtype} {inter}", functools.partial(
                 ops._clipped_swiglu_grad_mode1, dy, x, gi, dim=-1, limit=7.0, interleaved=inter,
                 backend="triton")))  # fmt: skip
-        mx_x, mx_dy = _mx_extreme_case(dtype, gen)
+        mx_x, mx_dy = _mx_extreme_case(dtype, gen, n=96)  # 3 blocks: a partial tile, an odd block count
         mx_x[10, :k] = specials.to(dtype).to(DEVICE)
         mx_gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
         for kw in ({}, {"interleaved": True, **gpt_oss}):
@@ -580,7 +592,7 @@ def _equal_bits_nan_payloads_aside(got: torch.Tensor, want: torch.Tensor, what: 
     _equal_codes(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8), what)
 
 
-@pytest.mark.slow(seconds=55)
+@pytest.mark.slow(seconds=35)
 def test_hw_path_gives_the_default_bytes(monkeypatch):
     """The opt-in GPU path (HW_CVT: hardware conversions, the branch-free fast reciprocals and quotients,
     their keys, the exact redo of a tile) runs in the interpreter with its PTX pieces emulated: it must give
