@@ -275,12 +275,23 @@ INLINE vw fp8x32_track(const fp8x32_values *p, vw acc) { return w_min(acc, w_sub
 INLINE int fp8x32_subnormal_sources(const fp8x32_format *c, vw acc) { return wm_any(w_lt_u(acc, w_set(c->sub_max))); }
 
 /* The subnormal results of values under one block offset: RNE(mant >> s), s = S - E - d = q - E (at most 16:
-   the result is 0 from there). */
+   the result is 0 from there). With one mantissa bit (E2M1, where every value under the smallest normal,
+   half the values of a typical block, takes this path) the result is 0, 1 or 2 and needs no variable shift
+   (AVX2 has none for 16-bit lanes): s = src_mbits gives mant / 2**s in [1, 2), so 1 + (frac >= half); one
+   more, [0.5, 1), so frac != 0 (0.5 ties to 0); larger s give 0 (smaller ones are normal results). */
 INLINE vw fp8x32_subnormal(const fp8x32_format *c, const fp8x32_values *p, vw off) {
     const vw one = w_set(1);
     const vw q = w_sub(w_set(c->kd), w_sra(off, c->mbits));
     const vw e = w_shr(p->a, c->src_mbits);
-    const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
+    const vw frac = w_and(p->a, w_set(c->sub_max));
+    if (c->mbits == 1) {
+        const vw s = w_sub(q, e), zero = w_set(0);
+        const vw unit = w_sel(w_lt_u(frac, w_set((uint16_t)((c->sub_max + 1) / 2))), one, w_set(2));
+        const vw half = w_sel(w_nz(frac), one, zero);
+        return w_sel(w_eq(s, w_set((uint16_t)c->src_mbits)), unit,
+                     w_sel(w_eq(s, w_set((uint16_t)(c->src_mbits + 1))), half, zero));
+    }
+    const vw mant = w_or(frac, w_set((uint16_t)(c->sub_max + 1)));
     const vw s = w_min(w_sub(q, e), w_set(16));
     const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
     return w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
