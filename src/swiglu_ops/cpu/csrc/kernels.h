@@ -45,7 +45,8 @@ void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
             for (int i = 0; i < 32; i++) bits[i] = (uint16_t)(base + i);
             const fp8x32_values p = fp8x32_prepare(&c, w_load(bits, w_lanes(32)));
             vw c1, c2;
-            fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2);
+            if (fp4) fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2, 1);
+            else fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2, 0);
             w_store8(fast[0], w_and(c1, kv[0]), w_lanes(32));
             w_store8(fast[1], w_and(c2, kv[1]), w_lanes(32));
             for (int k = 0; k < 2; k++)

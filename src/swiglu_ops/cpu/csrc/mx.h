@@ -172,7 +172,7 @@ INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw o
                     const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4, const int special) {
     const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
     vw c1, c2;
-    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2);
+    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2, fp4);
     if (special) {
         c1 = w_and(c1, keep1);
         c2 = w_and(c2, w_load(keep2 + j, m));

@@ -275,37 +275,50 @@ INLINE vw fp8x32_track(const fp8x32_values *p, vw acc) { return w_min(acc, w_sub
 INLINE int fp8x32_subnormal_sources(const fp8x32_format *c, vw acc) { return wm_any(w_lt_u(acc, w_set(c->sub_max))); }
 
 /* The subnormal results of values under one block offset: RNE(mant >> s), s = S - E - d = q - E (at most 16:
-   the result is 0 from there). With one mantissa bit (E2M1, where every value under the smallest normal,
-   half the values of a typical block, takes this path) the result is 0, 1 or 2 and needs no variable shift
-   (AVX2 has none for 16-bit lanes): s = src_mbits gives mant / 2**s in [1, 2), so 1 + (frac >= half); one
-   more, [0.5, 1), so frac != 0 (0.5 ties to 0); larger s give 0 (smaller ones are normal results). */
+   the result is 0 from there). */
 INLINE vw fp8x32_subnormal(const fp8x32_format *c, const fp8x32_values *p, vw off) {
     const vw one = w_set(1);
     const vw q = w_sub(w_set(c->kd), w_sra(off, c->mbits));
     const vw e = w_shr(p->a, c->src_mbits);
-    const vw frac = w_and(p->a, w_set(c->sub_max));
-    if (c->mbits == 1) {
-        const vw s = w_sub(q, e), zero = w_set(0);
-        const vw unit = w_sel(w_lt_u(frac, w_set((uint16_t)((c->sub_max + 1) / 2))), one, w_set(2));
-        const vw half = w_sel(w_nz(frac), one, zero);
-        return w_sel(w_eq(s, w_set((uint16_t)c->src_mbits)), unit,
-                     w_sel(w_eq(s, w_set((uint16_t)(c->src_mbits + 1))), half, zero));
-    }
-    const vw mant = w_or(frac, w_set((uint16_t)(c->sub_max + 1)));
+    const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
     const vw s = w_min(w_sub(q, e), w_set(16));
     const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
     return w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
 }
 
+/* The same for one mantissa bit (E2M1), under both offsets. There every value under the smallest normal, half
+   of a typical block, is a subnormal result, and it is 0, 1 or 2, so compares and selects give it without
+   the variable shifts (which AVX2 does not have for 16-bit lanes): s = src_mbits puts mant / 2**s in [1, 2),
+   giving 1 + (frac >= half); one more, [0.5, 1), gives frac != 0 (0.5 ties to 0); larger s give 0 (smaller
+   ones are normal results). */
+INLINE void fp8x32_subnormal_e2m1(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *r1, vw *r2) {
+    const vw one = w_set(1), zero = w_set(0);
+    const vw q0 = w_sub(w_set(c->kd), w_shr(p->a, c->src_mbits)); /* kd - E; s = q0 - (off >> mbits), mbits 1 */
+    const vw frac = w_and(p->a, w_set(c->sub_max));
+    const vw unit = w_sel(w_lt_u(frac, w_set((uint16_t)((c->sub_max + 1) / 2))), one, w_set(2));
+    const vw half = w_sel(w_nz(frac), one, zero);
+    const vw at = w_set((uint16_t)c->src_mbits), above = w_set((uint16_t)(c->src_mbits + 1));
+    const vw s1 = w_sub(q0, w_sra(off1, 1)), s2 = w_sub(q0, w_sra(off2, 1));
+    *r1 = w_sel(w_eq(s1, at), unit, w_sel(w_eq(s1, above), half, zero));
+    *r2 = w_sel(w_eq(s2, at), unit, w_sel(w_eq(s2, above), half, zero));
+}
+
 /* The codes of the same 32 values under two block offsets (the row block's, ``off1``, and the column's,
    ``off2``), sign included; the lanes of a NaN/inf block are the caller's (its ``keep``). Normal results
-   are the rounded source plus the offset (zeros give 0); the subnormal ones, rare, only where some lane
-   has one (one test for both). */
-INLINE void fp8x32_code2(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2) {
+   are the rounded source plus the offset (zeros give 0); the subnormal ones where some lane has one (one
+   test for both; FP8: rare), or for E2M1 (``fp4``, a constant of the caller, and one mantissa bit: common)
+   always, without a branch. */
+INLINE void fp8x32_code2(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2,
+                         const int fp4) {
     const vw n1 = w_add(p->r, off1), n2 = w_add(p->r, off2), normal = w_set(c->normal);
     const vwm lt1 = w_lt_s(n1, normal), lt2 = w_lt_s(n2, normal);
     vw k1 = w_minz(p->nz, n1, w_set(c->max_code)), k2 = w_minz(p->nz, n2, w_set(c->max_code));
-    if (wm_any(wm_and(p->nz, wm_or(lt1, lt2)))) {
+    if (fp4 && c->mbits == 1) {
+        vw r1, r2;
+        fp8x32_subnormal_e2m1(c, p, off1, off2, &r1, &r2);
+        k1 = w_sel(wm_and(p->nz, lt1), r1, k1);
+        k2 = w_sel(wm_and(p->nz, lt2), r2, k2);
+    } else if (wm_any(wm_and(p->nz, wm_or(lt1, lt2)))) {
         const vwm s1 = wm_and(p->nz, lt1), s2 = wm_and(p->nz, lt2);
         if (wm_any(s1)) k1 = w_sel(s1, fp8x32_subnormal(c, p, off1), k1);
         if (wm_any(s2)) k2 = w_sel(s2, fp8x32_subnormal(c, p, off2), k2);
