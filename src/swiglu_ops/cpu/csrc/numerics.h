@@ -130,7 +130,7 @@ typedef struct {
 
 INLINE vf act(const act_fn *f, vf a, vu a_bits, const int dt) {
     if (dt == SWIGLU_FP32) return act_eval(a, f->kind, f->alpha, f->limit);
-    return v_gather(f->table, a_bits, m_all());
+    return v_lookup(f->table, a_bits);
 }
 
 /* ---------------------------------------------------------------------------------------------- MX */
@@ -274,14 +274,18 @@ INLINE fp8x32_values fp8x32_prepare(const fp8x32_format *c, vw v) {
 INLINE vw fp8x32_track(const fp8x32_values *p, vw acc) { return w_min(acc, w_sub(p->a, w_set(1))); }
 INLINE int fp8x32_subnormal_sources(const fp8x32_format *c, vw acc) { return wm_any(w_lt_u(acc, w_set(c->sub_max))); }
 
-/* The subnormal results of values under one block offset: RNE(mant >> s), s = S - E - d = q - E (at most 16:
-   the result is 0 from there). */
+/* The shift of the values' subnormal results under a block offset off = (k - S) << mbits:
+   s = S - E - d = (kd - E) - (k - S) in 16-bit arithmetic, kd - E formed once for both axes. */
+INLINE vw fp8x32_kd_e(const fp8x32_format *c, const fp8x32_values *p) {
+    return w_sub(w_set(c->kd), w_shr(p->a, c->src_mbits));
+}
+INLINE vw fp8x32_shift(const fp8x32_format *c, vw kd_e, vw off) { return w_sub(kd_e, w_sra(off, c->mbits)); }
+
+/* The subnormal results under one block offset: RNE(mant >> s) (s at most 16: the result is 0 from there). */
 INLINE vw fp8x32_subnormal(const fp8x32_format *c, const fp8x32_values *p, vw off) {
     const vw one = w_set(1);
-    const vw q = w_sub(w_set(c->kd), w_sra(off, c->mbits));
-    const vw e = w_shr(p->a, c->src_mbits);
     const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
-    const vw s = w_min(w_sub(q, e), w_set(16));
+    const vw s = w_min(fp8x32_shift(c, fp8x32_kd_e(c, p), off), w_set(16));
     const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
     return w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
 }
@@ -293,12 +297,12 @@ INLINE vw fp8x32_subnormal(const fp8x32_format *c, const fp8x32_values *p, vw of
    ones are normal results). */
 INLINE void fp8x32_subnormal_e2m1(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *r1, vw *r2) {
     const vw one = w_set(1), zero = w_set(0);
-    const vw q0 = w_sub(w_set(c->kd), w_shr(p->a, c->src_mbits)); /* kd - E; s = q0 - (off >> mbits), mbits 1 */
+    const vw kd_e = fp8x32_kd_e(c, p);
     const vw frac = w_and(p->a, w_set(c->sub_max));
     const vw unit = w_sel(w_lt_u(frac, w_set((uint16_t)((c->sub_max + 1) / 2))), one, w_set(2));
     const vw half = w_sel(w_nz(frac), one, zero);
     const vw at = w_set((uint16_t)c->src_mbits), above = w_set((uint16_t)(c->src_mbits + 1));
-    const vw s1 = w_sub(q0, w_sra(off1, 1)), s2 = w_sub(q0, w_sra(off2, 1));
+    const vw s1 = fp8x32_shift(c, kd_e, off1), s2 = fp8x32_shift(c, kd_e, off2);
     *r1 = w_sel(w_eq(s1, at), unit, w_sel(w_eq(s1, above), half, zero));
     *r2 = w_sel(w_eq(s2, at), unit, w_sel(w_eq(s2, above), half, zero));
 }

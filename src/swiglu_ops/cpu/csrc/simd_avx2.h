@@ -190,24 +190,16 @@ INLINE void u_store8_even(uint8_t *p, vu a, vm m) {
 }
 INLINE vf v_loadf(const float *p, vm m) { return v_from_bits(u_load32((const uint32_t *)p, m)); }
 INLINE void v_storef(float *p, vf a, vm m) { u_store32((uint32_t *)p, v_bits(a), m); }
-/* Table lookups (the activation tables): with every lane wanted, eight scalar loads per 8 lanes instead of
-   vgatherdps, which Zen 2/3 run as a long microcoded sequence (bf16, 2 threads, six alternations of 15
-   calls: group_grad 15.4 -> 14.6 ms, MX forward 13.2 -> 12.2, the best of each; the MX backward no
-   different). A partial mask keeps the masked gather (its lanes past the mask are not read). */
-INLINE __m256 gather8_scalar(const float *t, __m256i idx) {
+/* table[idx] in every lane (the activation tables: idx < 65536): eight scalar loads per 8 lanes, from the
+   index vector stored once, which beat vgatherdps where it is a long microcoded sequence (Zen 2/3). */
+INLINE __m256 lookup8(const float *t, __m256i idx) {
     _Alignas(32) uint32_t k[8];
     _mm256_store_si256((__m256i *)k, idx);
     const __m128 a = _mm_set_ps(t[k[3]], t[k[2]], t[k[1]], t[k[0]]);
     const __m128 b = _mm_set_ps(t[k[7]], t[k[6]], t[k[5]], t[k[4]]);
     return _mm256_insertf128_ps(_mm256_castps128_ps256(a), b, 1);
 }
-INLINE vf v_gather(const float *table, vu idx, vm m) {
-    if ((_mm256_movemask_ps(CASTF(m.lo)) & _mm256_movemask_ps(CASTF(m.hi))) == 0xFF) /* a constant m_all() folds */
-        return (vf){gather8_scalar(table, idx.lo), gather8_scalar(table, idx.hi)};
-    const __m256 z = _mm256_setzero_ps();
-    return (vf){_mm256_mask_i32gather_ps(z, table, idx.lo, CASTF(m.lo), 4),
-                _mm256_mask_i32gather_ps(z, table, idx.hi, CASTF(m.hi), 4)};
-}
+INLINE vf v_lookup(const float *table, vu idx) { return (vf){lookup8(table, idx.lo), lookup8(table, idx.hi)}; }
 /* 16 consecutive 32-bit elements (8 pairs) as their even and odd ones. */
 INLINE void deinterleave8(__m256i x0, __m256i x1, __m256i *even, __m256i *odd) {
     const __m256 a = CASTF(x0), b = CASTF(x1);

@@ -104,9 +104,8 @@ INLINE void v_storef(float *p, vf a, vm m) {
     if (FULL16(m)) _mm512_storeu_ps(p, a);
     else _mm512_mask_storeu_ps(p, m, a);
 }
-INLINE vf v_gather(const float *table, vu idx, vm m) {
-    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, table, 4);
-}
+/* table[idx] in every lane (the activation tables). */
+INLINE vf v_lookup(const float *table, vu idx) { return _mm512_i32gather_ps(idx, table, 4); }
 /* Lanes of pairs -> lanes of elements: bit i of the 8-bit ``m`` becomes bits 2i and 2i + 1. */
 INLINE vm m_pairs(unsigned m) {
     m &= 0xFF;

@@ -191,9 +191,10 @@ INLINE void u_store8(uint8_t *p, vu a, vm m) {
 }
 INLINE vf v_loadf(const float *p, vm m) { return v_from_bits(u_load32((const uint32_t *)p, m)); }
 INLINE void v_storef(float *p, vf a, vm m) { u_store32((uint32_t *)p, v_bits(a), m); }
-HEAVY vf v_gather(const float *table, vu idx, vm m) {
-    vf r = v_zero();
-    FOR_LANES if (m[i_]) r[i_] = table[idx[i_]];
+/* table[idx] in every lane (the activation tables). */
+HEAVY vf v_lookup(const float *table, vu idx) {
+    vf r;
+    FOR_LANES r[i_] = table[idx[i_]];
     return r;
 }
 HEAVY void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {
