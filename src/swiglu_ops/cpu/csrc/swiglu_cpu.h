@@ -92,10 +92,10 @@ const char *swiglu_cpu_source_hash(void);
 int32_t swiglu_cpu_isa_supported(int32_t isa);
 /* The activation ``kind`` (SWIGLU_ACT_*) of each of the 65,536 bit patterns of a 16-bit dtype. */
 void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, float *out, int32_t isa);
-/* For the tests: the encoder of 16-bit values (numerics.h fp8x32_code) against the per-element one
-   (fp8_encode of the fp32 product; FP4 formats: fp4_encode with round mode rint), for every finite bit
-   pattern of ``dtype`` and every scale code; the number of codes that differ, and of values the fast
-   encoder leaves to the per-element one. */
+/* For the tests: the encoder of 16-bit values (numerics.h fp8x32_code2, both axes) against the per-element
+   one (fp8_encode of the fp32 product; FP4 formats: fp4_encode with round mode rint), for every finite bit
+   pattern of ``dtype`` and every scale code on each axis; the number of codes that differ, and of values
+   the fast encoder leaves to the per-element one. */
 void swiglu_fp8_x32_check(int32_t dtype, int32_t format, int32_t isa, int64_t *mismatches, int64_t *left);
 /* Where jobs run: PyTorch's OpenMP team (GNU libgomp, found in the process) or the library's own pool (no
    such runtime, a forked child, or the pool chosen by swiglu_cpu_use_own_pool(1)). */
