@@ -35,6 +35,10 @@ from swiglu_ops.triton import _kernels  # noqa: E402
 ARCHS = (90, 100)
 _DTYPES = ("bf16", "fp16", "fp32")
 _DIV16 = [["tt.divisibility", 16]]
+#: The approximate quotient's quarter-scaled denominator (``_kernels._QUOTIENT_APPROX``), which tells its
+#: asm block from the backward's fast reciprocal (both use ``rcp.approx.ftz.f32``).
+_QUARTER = "0f3E800000, 0f3E800000"
+assert _QUARTER in _kernels._QUOTIENT_APPROX.value
 
 
 def _attrs(fn, names):
@@ -90,9 +94,9 @@ def _mx_bwd_specs():
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
-               "a_index": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
+               "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
-               "n_tiles": "i32", "tiles_per_program": "i32",
+               "n_tiles": "i32", "tiles_per_program": "i32", "A_INDEX": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
                                 "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
@@ -110,7 +114,7 @@ def _mx_bwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(True, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
+            consts.update(A_INDEX=0, GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
                           TRANSPOSE_Y2=transpose, WIDE=False, HW_CVT=hw)  # fmt: skip
             expect = {"fast_rcp", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
@@ -138,9 +142,9 @@ def _mx_fwd_specs():
         sig = {"x_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
-               "s1_slots": "i32", "a_index": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
+               "s1_slots": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
-               "n_tiles": "i32", "tiles_per_program": "i32",
+               "n_tiles": "i32", "tiles_per_program": "i32", "A_INDEX": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
                                 "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT"),
                                "constexpr")}  # fmt: skip
@@ -160,12 +164,13 @@ def _mx_fwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(False, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
+            consts.update(A_INDEX=0, GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
                           WIDE=False, HW_CVT=hw)  # fmt: skip
-            # FP4 codes have no hardware conversion; the forward divides (div.rn) and has no reciprocal.
-            expect = ({"cvt_bf16"} if dt == "bf16" else set()) | (set() if fp4 else {"cvt_fp8"})
+            # FP4 codes have no hardware conversion; the forward's quotient is the approximate one.
+            expect = {"approx_quotient"} | ({"cvt_bf16"} if dt == "bf16" else set())
+            expect |= set() if fp4 else {"cvt_fp8"}
             options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
             yield name, fn, sig, consts, attrs, options, expect if hw else set()
 
@@ -249,7 +254,9 @@ def _compile(name: str, arch: int) -> dict:
         "ftz_arith": len(re.findall(r"\b(?:mul|add|sub)\.\w+\.ftz\.f32\b", own)),
         # The GPU paths (docs/triton_backend.md): the fast reciprocals and quotients of the backward
         # (_rcp_fast_x4 / _div_fast_x4: rcp.approx + Newton + Markstein), hardware bf16 and FP8 conversions.
-        "fast_rcp": sum("rcp.approx.ftz.f32" in block for block in asm),
+        "fast_rcp": sum("rcp.approx.ftz.f32" in block and _QUARTER not in block for block in asm),
+        # The MX forward's approximate quotient (_QUOTIENT_APPROX: the quarter-scaled denominator).
+        "approx_quotient": sum("rcp.approx.ftz.f32" in block and _QUARTER in block for block in asm),
         "cvt_fp8": len(re.findall(r"\bcvt\.rn\.satfinite\.e[45]m[23]x2\.f32\b", ptx)),
         "cvt_bf16": len(re.findall(r"\bcvt\.rn\.bf16(?:x2)?\.f32\b", ptx)),
         "expect": sorted(expect),
@@ -290,10 +297,11 @@ def test_swiglu_math_is_not_contracted(compiled):
 
 def test_conversion_paths_follow_hw_cvt(compiled):
     """With HW_CVT (opt-in) every kernel uses the fast paths it has: the fast reciprocal (MUFU + Newton, with
-    the exact redo of a tile behind it) where the backward forms a reciprocal or quotient, cvt.rn.bf16(x2) for
+    the exact redo of a tile behind it) where the backward forms a reciprocal or quotient, the approximate
+    quotient in the MX forward (whose outputs are codes), cvt.rn.bf16(x2) for
     bf16 values, the satfinite FP8 cvt for FP8 codes (FP4 codes have none); without it (the default) none of
     them appears: the integer paths and div.rn run."""
-    paths = ("fast_rcp", "cvt_fp8", "cvt_bf16")
+    paths = ("fast_rcp", "approx_quotient", "cvt_fp8", "cvt_bf16")
     hw = [r for r in compiled if "hw_cvt" in r["name"]]
     kernels = {"group_grad", "clipped_swiglu", "mx_quant", "bwd_mx_quant"}
     assert {r["name"].split("[")[0] for r in hw} == kernels

@@ -537,7 +537,7 @@ def test_hw_conversions_are_opt_in(monkeypatch):
 def _hw_path_cases():
     """Every kernel on inputs that reach each key of the fast path (huge negative gates: subnormal
     sigmoids; +-inf and NaN gates and ups; clamp boundaries; values for the clamp_mode-1 quotient),
-    both layouts, GLU variants and formats: (name, call)."""
+    both layouts, GLU variants and formats: (name, call, the MX forward's code format or None)."""
     gen = torch.Generator().manual_seed(23)
     specials = torch.tensor([torch.nan, torch.inf, -torch.inf, -90.0, -87.5, 7.0, -7.0, 1e30, -1e-30])
     ops, gpt_oss = torch.ops.swiglu_ops, {"limit": 7.0, "alpha": 1.702, "bias": 1.0}
@@ -575,8 +575,9 @@ def _hw_path_cases():
                 bwd, mx_x, mx_dy, mx_gi, backend="triton", **kw)))  # fmt: skip
         for kw in FWD_COMBOS:
             cases.append((f"fwd_mx {dtype} {kw}", functools.partial(
-                swiglu_ops.swiglu_mx_quant_dual_axis, mx_x, mx_gi, backend="triton", **kw)))  # fmt: skip
-    return cases
+                swiglu_ops.swiglu_mx_quant_dual_axis, mx_x, mx_gi, backend="triton", **kw),
+                kw.get("dst_dtype", torch.float8_e4m3fn)))  # fmt: skip
+    return [case if len(case) == 3 else (*case, None) for case in cases]
 
 
 def _outputs(out):
@@ -596,11 +597,18 @@ def _equal_bits_nan_payloads_aside(got: torch.Tensor, want: torch.Tensor, what: 
 def test_hw_path_gives_the_default_bytes(monkeypatch):
     """The opt-in GPU path (HW_CVT: hardware conversions, the branch-free fast reciprocals and quotients,
     their keys, the exact redo of a tile) runs in the interpreter with its PTX pieces emulated: it must give
-    the default path's bytes for every kernel, on inputs that reach every key. On a GPU the same test
-    compares the real PTX path with the integer path."""
+    the default path's bytes for every kernel, on inputs that reach every key; the MX forward, whose
+    quotient is approximate there (``_quotient``), within the contract's near-tie rule. On a GPU the same
+    test compares the real PTX path with the integer path."""
+    from _fwd_oracles import assert_forward_matches
+
     cases = _hw_path_cases()
-    default = [_outputs(call()) for _name, call in cases]
+    default = [_outputs(call()) for _name, call, _dst in cases]
     monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
-    for (name, call), want in zip(cases, default, strict=True):
-        for k, (g, w) in enumerate(zip(_outputs(call()), want, strict=True)):
+    for (name, call, dst), want in zip(cases, default, strict=True):
+        got = _outputs(call())
+        if dst is not None:
+            assert_forward_matches(got, want, "triton", dst)
+            continue
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
             _equal_bits_nan_payloads_aside(g, w, f"{name} output {k}")

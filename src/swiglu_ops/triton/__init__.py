@@ -195,13 +195,13 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     inv_max = getattr(fmt, "inv_max", 0.0)  # RCEIL only (FP8)
     args = (
         m, x.shape[-1] // 2, num_groups or 0, blocks, s2.shape[1],
-        glu.a_index, glu.alpha, glu.limit, glu.bias, inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
+        glu.alpha, glu.limit, glu.bias, inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
         n_tiles, per_program,
     )  # fmt: skip
     consts = dict(
         # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more
         WIDE=32 * x.shape[-1] >= 2**31, GROUPED=group_ends is not None, BLOCK_N=block_n,
-        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2,
+        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index,
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,
         SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip

@@ -29,7 +29,10 @@ same bits on a GPU and under ``TRITON_INTERPRET=1``:
   inline asm; its fp32->bf16 / fp8 casts truncate), the same rules run as integer arithmetic on IEEE bit
   patterns and ``div_rn``. The two paths differ only in NaN payloads of bf16 values, which the contract
   does not compare. FP4 codes have no hardware path (PTX has no floor / ties-away FP4 conversion).
-- The forward activations' quotients ``a / (exp(-a) + 1)`` are ``div_rn`` (``div.rn.f32``) in both paths.
+- The forward activations' quotients ``a / (exp(-a) + 1)`` are ``div_rn`` (``div.rn.f32``), except in the
+  MX forward with ``HW_CVT``, whose outputs are codes: there an approximate reciprocal within the
+  contract's near-tie rule (``_quotient``), the one rule of these kernels that is not bit-exact beyond
+  ``exp``.
 - E8M0 codes are integer arithmetic on the amax bits in both modes.
 - The only other floating-point operations are the spec's fp32 multiplies/adds in the spec's order
   (launched with ``enable_fp_fusion=False``, so neither LLVM nor ptxas contracts them into FMAs), NaN-
@@ -292,14 +295,49 @@ def _sigmoid(v, FAST: tl.constexpr):
     return _recip_ge1(den, FAST), _rcp_key(den)
 
 
+# The forward quotients ``n / (exp(x) + 1)`` (SiLU, ClippedSwiglu's glu) of the MX forward on the GPU path
+# (constexpr ``APPROX``: the MX forward's ``HW_CVT``): ``(n * 0.25) * rcp((exp(x) + 1) * 0.25)`` with
+# ``rcp.approx.ftz.f32`` (at most 1 ulp from 1/d), so at most 2 ulp from the correctly rounded quotient:
+# 4 instructions where ``div.rn`` takes 11 with its per-element check and branch. Its outputs are FP8/FP4
+# codes, which the contract compares by its near-tie rule, the rule that already covers the GPU's ``exp``
+# (tests/test_mx_forward.py holds the rule under these error bounds). The quarter scaling keeps every
+# operand in range: (e + 1) / 4 is at least 1/4 and below 2**126 for every finite e (the reciprocal stays
+# normal, where ftz would flush 1/d for d >= 2**126), n / 4 times a reciprocal of at most 4 cannot
+# overflow, and both scalings are exact (n / 4 for every widened bf16/fp16 value; (e + 1) / 4 with one
+# rounding by the fma is RN(e + 1) / 4). inf / NaN: e = inf gives 1/d = 0 (n * 0 = +-0, or NaN for an
+# infinite n, as the division), a NaN operand a NaN.
+_QUOTIENT_APPROX = tl.constexpr("""{ .reg .f32 d, r, n;
+fma.rn.f32 d, $2, 0f3E800000, 0f3E800000;
+rcp.approx.ftz.f32 r, d;
+mul.rn.f32 n, $1, 0f3E800000;
+mul.rn.f32 $0, n, r;
+}""")
+
+
 @triton.jit
-def _silu(a):
+def _quotient(n, x, APPROX: tl.constexpr):
+    """``n / (exp(x) + 1)``: ``div.rn``, or with ``APPROX`` the quarter-scaled approximate reciprocal above
+    (in the interpreter, which has no inline asm, the same formulation with a correctly rounded
+    reciprocal, so that its scalings and special values run in CI)."""
+    e = _exp(x)
+    if APPROX and _INTERPRETED:
+        return (n * 0.25) * tl.math.div_rn(1.0, (e + 1.0) * 0.25)
+    elif APPROX:
+        return tl.inline_asm_elementwise(
+            _QUOTIENT_APPROX, "=r,r,r", [n, e], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.math.div_rn(n, e + 1.0)
+
+
+@triton.jit
+def _silu(a, APPROX: tl.constexpr):
     """SiLU in the forward operators' order, ``a / (exp(a * -1) + 1)`` (a division, no sigmoid formed)."""
-    return tl.math.div_rn(a, _exp(a * -1.0) + 1.0)
+    return _quotient(a, a * -1.0, APPROX)
 
 
 @triton.jit
-def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr):
+def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, APPROX: tl.constexpr):
     """The forward's fp32 result from the widened halves (``reference.glu.forward``):
 
     - plain SwiGLU (SwigluMxQuantWithDualAxis 2.2): ``(a / (exp(a * -1) + 1)) * b``;
@@ -307,18 +345,20 @@ def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr
       ``(A~ / (exp(A~ * -alpha) + 1)) * (clip(b, L) + bias)``;
     - clipped, clamp_mode 1 (3.2): ``min(a / (exp(a * -1) + 1), L) * clip(b, L)``.
 
-    The quotient is ``div.rn`` (ptxas: a fast path and a per-element branch): the forward has one per pair,
-    and the fast quotient's key and redo of the backward (``_div_ge1``) cost more instructions here
-    (benchmarks/sass_budget.py: 44 against 46 per element for the MX forward, 46 against 50 per pair for
-    clipped_swiglu, sm_90).
+    The quotient (``_quotient``) is ``div.rn`` (ptxas: a fast path and a per-element branch), or with
+    ``APPROX`` (the MX forward's GPU path, whose outputs are codes) the approximate reciprocal. The
+    elementwise forward stores bf16/fp16/fp32 values and keeps ``div.rn``: the backward's exact fast
+    quotient with its key and redo (``_div_ge1``) costs more instructions there (benchmarks/sass_budget.py:
+    46 against 50 per pair, sm_90), and an approximate one would leave fp32 results 2 ulp further from the
+    reference on top of the ``exp``'s.
     """
     if not CLIPPED:
-        y = _silu(a) * b
+        y = _silu(a, APPROX) * b
     elif MODE == 0:
         at = _min_nan(a, limit)
-        y = tl.math.div_rn(at, _exp(at * -alpha) + 1.0) * (_clip(b, limit) + bias)
+        y = _quotient(at, at * -alpha, APPROX) * (_clip(b, limit) + bias)
     else:
-        y = _min_nan(_silu(a), limit) * _clip(b, limit)
+        y = _min_nan(_silu(a, APPROX), limit) * _clip(b, limit)
     return y
 
 
@@ -460,6 +500,24 @@ def _load_pairs(
 
 
 @triton.jit
+def _load_pairs_f32(
+    ptr, row_off, jb, rows_ok, bound, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr,
+    VEC: tl.constexpr,
+):  # fmt: skip
+    """``_load_pairs`` widened to fp32 (interleaved: widened before the split, two values per register)."""
+    if INTERLEAVED:
+        xc = 2 * jb + _cols(2 * K, 2 * VEC)
+        a_first = a_index == 0
+        pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
+        pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
+        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K, 2]))
+        return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
+    else:
+        a, b = _load_pairs(ptr, row_off, jb, rows_ok, bound, half, a_index, K, INTERLEAVED, VEC)
+        return _widen(a), _widen(b)
+
+
+@triton.jit
 def _store_pairs(
     ptr, row_off, jb, rows_ok, bound, half, a_index, va, vb, K: tl.constexpr, INTERLEAVED: tl.constexpr,
     HW_CVT: tl.constexpr,
@@ -521,7 +579,7 @@ def _clipped_tile(
             zero = tl.zeros_like(da)
             _store_pairs(op, 0, 0, dead, rem, half, a_index, zero, zero, BLOCK, INTERLEAVED, HW_CVT)
     else:
-        y = _narrow(_glu_fwd(a, b, alpha, limit, bias, True, MODE), DTYPE, HW_CVT)
+        y = _narrow(_glu_fwd(a, b, alpha, limit, bias, True, MODE, False), DTYPE, HW_CVT)
         yp = (out_ptr + r * half + p0) + j
         tl.store(yp, y, mask=live & (j < rem))
         if HAS_MASK:
@@ -1057,7 +1115,7 @@ def _locate_block(ends_ptr, num_groups, m, rb, GROUP_CHUNK: tl.constexpr):
 # ------------------------------------------------------------------ SwigluMxQuantWithDualAxis (forward)
 
 _MX_NOT_SPECIALIZED = [
-    "m", "num_groups", "blocks_per_slice", "s2_rows", "a_index", "emax", "mbits", "bias", "max_code",
+    "m", "num_groups", "blocks_per_slice", "s2_rows", "emax", "mbits", "bias", "max_code",
     "n_tiles", "tiles_per_program",
 ]  # fmt: skip
 
@@ -1075,10 +1133,8 @@ def _mx_fwd_tile(
     DTYPE: tl.constexpr = xb.dtype.element_ty
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
     ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
-    a_raw, b_raw = _load_pairs(
-        xb, rl * (2 * n), ob * MX_BLOCK, live, n, n, a_index, MX_BLOCK, INTERLEAVED, VEC
-    )
-    act = _glu_fwd(_widen(a_raw), _widen(b_raw), alpha, limit, glu_bias, CLIPPED, MODE)
+    a, b = _load_pairs_f32(xb, rl * (2 * n), ob * MX_BLOCK, live, n, n, a_index, MX_BLOCK, INTERLEAVED, VEC)
+    act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
     if CLIPPED:  # e.g. 0 * inf = NaN for an infinite bias: the padding must stay zeros
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
     act = _round_to_dtype(act, DTYPE, HW_CVT)
@@ -1091,8 +1147,8 @@ def _mx_fwd_tile(
 @triton.jit(do_not_specialize=[*_MX_NOT_SPECIALIZED, "s1_slots"])
 def swiglu_mx_quant_kernel(
     x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
-    m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, a_index, alpha, limit, glu_bias,
-    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program,
+    m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, alpha, limit, glu_bias,
+    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
     SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
@@ -1123,7 +1179,7 @@ def swiglu_mx_quant_kernel(
     for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
         _mx_fwd_tile(
             xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
-            m, n, s1_slots, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+            m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
         )  # fmt: skip
 
@@ -1191,8 +1247,8 @@ def _mx_bwd_tile(
 @triton.jit(do_not_specialize=_MX_NOT_SPECIALIZED)
 def swiglu_bwd_mx_quant_kernel(
     x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
-    m, n, num_groups, blocks_per_slice, s2_rows, a_index, alpha, limit, glu_bias,
-    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program,
+    m, n, num_groups, blocks_per_slice, s2_rows, alpha, limit, glu_bias,
+    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, HW_CVT: tl.constexpr,
@@ -1222,7 +1278,7 @@ def swiglu_bwd_mx_quant_kernel(
     for tile in range(t0, t1):
         worst = tl.maximum(worst, _mx_bwd_tile(
             xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
-            m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+            m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, HW_CVT, HW_CVT,
         ))  # fmt: skip
     if HW_CVT:
@@ -1235,7 +1291,7 @@ def swiglu_bwd_mx_quant_kernel(
             for tile in range(SPLIT * t0, SPLIT * t1):
                 _mx_bwd_tile(
                     xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
-                    m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+                    m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
                     BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, False,
                     HW_CVT,
                 )  # fmt: skip
