@@ -62,15 +62,16 @@ QUANTIZER_BUDGET = 35.0
 ELEMENTWISE_BUDGET = 50.0
 
 #: What tests/test_triton_sass_budget.py holds today: per kernel (and direction), the largest count on the
-#: budgeted path measured for this commit, rounded up. The elementwise kernels meet their target; the
-#: quantizers do not (docs/triton_backend.md, Budgets, says why); these ceilings keep the counts from
-#: growing back, and go down with every kernel change that lowers them.
+#: budgeted path measured for this commit, rounded up. The CANN defaults of both MX kernels and the GPT-OSS
+#: backward meet their target; the GPT-OSS forward, the transpose_y2 and fp32 GPT-OSS variants of the
+#: quantizers and one fp32 elementwise kernel do not (docs/triton_backend.md, Budgets, says why); these
+#: ceilings keep the counts from growing back, and go down with every kernel change that lowers them.
 CEILINGS = {
     "group_grad": 48.0,
     "clipped_swiglu.fwd": 39.0,
-    "clipped_swiglu.bwd": 48.0,
-    "mx_quant": 56.0,
-    "bwd_mx_quant": 53.0,
+    "clipped_swiglu.bwd": 51.0,
+    "mx_quant": 46.0,
+    "bwd_mx_quant": 57.0,
 }
 
 
@@ -374,15 +375,18 @@ def spec_names(ci: bool, only: str | None) -> list[tuple[str, bool]]:
 
 #: The CI subset, compiled on the budgeted path only (HW_CVT; tests/test_triton_compile.py checks every
 #: specialization's registers and spills on both paths): per kernel and direction, the specialization with
-#: the most instructions per unit found by the full script, plus the CANN defaults of the MX kernels.
+#: the most instructions per unit found by the full script, plus the CANN defaults and the GPT-OSS
+#: variants of the MX kernels.
 CI_SPECS = (
     "group_grad[bf16,w=1,mask=1]",
     "clipped_swiglu[fp32,fwd,mode=0,interleaved]",
-    "clipped_swiglu[fp32,bwd,mode=0,interleaved]",
+    "clipped_swiglu[fp32,bwd,mode=1,interleaved]",
     "mx_quant[bf16,grouped=1,e4m3]",
-    "mx_quant[fp32,grouped=1,e4m3,interleaved,clipped]",
+    "mx_quant[bf16,grouped=1,e4m3,interleaved,clipped]",
+    "mx_quant[bf16,grouped=1,e4m3,transpose_y2]",
     "bwd_mx_quant[bf16,grouped=1]",
-    "bwd_mx_quant[bf16,grouped=1,interleaved,clipped,transpose_y2]",
+    "bwd_mx_quant[bf16,grouped=1,interleaved,clipped]",
+    "bwd_mx_quant[fp32,grouped=1,interleaved,clipped,transpose_y2]",
 )
 
 

@@ -90,19 +90,23 @@ def _mx_bwd_specs():
     combos = [(*c, False) for c in combos]
     combos += [("bf16", True, False, 1, False, False, True)]
     combos += [(dt, True, False, 1, True, True, True) for dt in _DTYPES]
-    for dt, grouped, e5m2, scale_alg, inter, clipped, transpose in combos:
+    # The padding's select (PAD_SELECT: infinite alpha or bias, swiglu_ops.triton.padding) once; GPT-OSS's
+    # parameters and the plain GLU launch without it.
+    combos = [(*c, False) for c in combos] + [("bf16", True, False, 1, True, True, False, True)]
+    for dt, grouped, e5m2, scale_alg, inter, clipped, transpose, pad_select in combos:
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
                "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
-               "n_tiles": "i32", "tiles_per_program": "i32", "A_INDEX": "constexpr",
+               "n_tiles": "i32", "tiles_per_program": "i32",
+               "A_INDEX": "constexpr", "PAD_SELECT": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
                                 "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
-        variant += ",transpose_y2" if transpose else ""
+        variant += (",transpose_y2" if transpose else "") + (",pad_select" if pad_select else "")
         # The integer conversions (the default) everywhere; the opt-in hardware conversions (HW_CVT) on the
         # aligned bf16 variants.
         cases = [(True, False), (True, True)] if dt == "bf16" else [(True, False)]
@@ -114,7 +118,8 @@ def _mx_bwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(True, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(A_INDEX=0, GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
+            consts.update(A_INDEX=0, PAD_SELECT=pad_select, GROUPED=grouped, BLOCK_N=block_n,
+                          GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
                           TRANSPOSE_Y2=transpose, WIDE=False, HW_CVT=hw)  # fmt: skip
             expect = {"fast_rcp", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
@@ -138,13 +143,16 @@ def _mx_fwd_specs():
     combos += [(dt, True, _FWD_E4M3, True, True) for dt in _DTYPES]
     combos += [("bf16", True, ("e2m1", 0, "floor"), True, True)]
     combos = [(*c, False) for c in combos] + [("bf16", True, _FWD_E4M3, False, False, True)]
-    for dt, grouped, (fmt, scale_alg, mode), inter, clipped, transpose in combos:
+    # The padding's select once (see _mx_bwd_specs).
+    combos = [(*c, False) for c in combos] + [("bf16", True, _FWD_E4M3, True, True, False, True)]
+    for dt, grouped, (fmt, scale_alg, mode), inter, clipped, transpose, pad_select in combos:
         sig = {"x_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
-               "s1_slots": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
+               "s1_slots": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32", "b_pad_bits": "i32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
-               "n_tiles": "i32", "tiles_per_program": "i32", "A_INDEX": "constexpr",
+               "n_tiles": "i32", "tiles_per_program": "i32",
+               "A_INDEX": "constexpr", "PAD_SELECT": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
                                 "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT"),
                                "constexpr")}  # fmt: skip
@@ -152,7 +160,7 @@ def _mx_fwd_specs():
         fp4 = fmt == "e2m1"
         variant = f",{fmt}" + (f",round={mode}" if fp4 else "" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
-        variant += ",transpose_y2" if transpose else ""
+        variant += (",transpose_y2" if transpose else "") + (",pad_select" if pad_select else "")
         cases = [(True, False)]
         if dt == "bf16" and grouped and (not fp4 or mode == "floor"):
             cases.append((True, True))
@@ -164,8 +172,9 @@ def _mx_fwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(False, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(A_INDEX=0, GROUPED=grouped, BLOCK_N=block_n, GROUP_CHUNK=backend.MX_GROUP_CHUNK,
-                          INTERLEAVED=inter, CLIPPED=clipped, MODE=0, FP4=fp4, E5M2=fmt == "e5m2",
+            consts.update(A_INDEX=0, PAD_SELECT=pad_select, GROUPED=grouped, BLOCK_N=block_n,
+                          GROUP_CHUNK=backend.MX_GROUP_CHUNK, INTERLEAVED=inter, CLIPPED=clipped, MODE=0,
+                          FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
                           WIDE=False, HW_CVT=hw)  # fmt: skip
             # FP4 codes have no hardware conversion; the forward's quotient is the approximate one.

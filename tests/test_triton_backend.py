@@ -326,6 +326,45 @@ def test_mx_forward_tile_variants(monkeypatch, block_n, n):
             _equal_codes(g, w, f"{name} {kw}")
 
 
+#: (GLU parameters, forward (b_pad, select), backward select) on bf16: the padding's decision
+#: (swiglu_ops.triton.padding). GPT-OSS pads B with -bias and selects nothing; an infinite bias makes NaN
+#: (0 * inf) on the padding, a negative one a -0 gradient, a bias that bf16 rounds or beyond the limit a
+#: forward padding that clip(-bias) + bias does not cancel.
+PADDING_CASES = [
+    ({"interleaved": True, "limit": 7.0, "alpha": 1.702, "bias": 1.0}, (-1.0, False), False),
+    ({"limit": 7.0, "alpha": 1.702, "bias": float("inf")}, (0.0, True), True),
+    ({"limit": 7.0, "alpha": 1.702, "bias": -1.0}, (1.0, False), True),
+    ({"limit": 7.0, "alpha": 1.702, "bias": 0.1}, (-0.10009765625, True), False),
+    ({"limit": 7.0, "alpha": 1.702, "bias": 10.0}, (-10.0, True), False),
+]
+
+
+@pytest.mark.parametrize(("glu", "forward", "backward"), PADDING_CASES)
+def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, backward):
+    """Both MX kernels on the clipped GLU with every padding decision: tiles padded along both axes
+    (forward: N = 40 pairs, a partial 32-column block; both: rows past a group's end inside its last
+    32-row block) give the reference's outputs, so the padding stays +0.0 with the select and without
+    it."""
+    from _fwd_oracles import assert_forward_matches
+
+    from swiglu_ops.glu import GluParams
+
+    params = GluParams(clipped=True, **glu)
+    assert triton_backend.padding(params, torch.bfloat16, False) == forward
+    assert triton_backend.padding(params, torch.bfloat16, True) == (0.0, backward)
+    assert triton_backend.padding(GluParams(), torch.bfloat16, False) == (0.0, False)
+    mode1 = GluParams(clipped=True, limit=7.0, bias=float("inf"), clamp_mode=1)  # bias unused: +0 padding
+    assert triton_backend.padding(mode1, torch.bfloat16, False) == (0.0, False)
+    gen = torch.Generator().manual_seed(41)
+    x = _randn(70, 80, dtype=torch.bfloat16, scale=0.5, gen=gen)  # small: a padding value would show
+    gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
+    want = swiglu_ops.swiglu_mx_quant_dual_axis(x.cpu(), gi.cpu(), backend="reference", **glu)
+    got = swiglu_ops.swiglu_mx_quant_dual_axis(x, gi, backend="triton", **glu)
+    assert_forward_matches([t.cpu() for t in got], want, "triton", torch.float8_e4m3fn)
+    x = _randn(70, 128, dtype=torch.bfloat16, scale=3.0, gen=gen)  # backward: 2N a multiple of 64
+    _check_mx(x, _randn(70, 64, dtype=torch.bfloat16, gen=gen), gi, **glu)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mx_forward_unaligned_tensors(dtype):
     """x at an address that is not 16-byte aligned: narrow tile, no register budget; same outputs as an

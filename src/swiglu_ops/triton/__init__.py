@@ -11,12 +11,15 @@ the kernels.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 
 import torch
 import triton
 
 from .. import mx
+from ..reference import glu as glu_math
 from . import _kernels
 from ._kernels import INTERPRETED
 
@@ -28,14 +31,17 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
 #: The GPU fast paths (constexpr ``HW_CVT``): single PTX instructions for the correctly rounded conversions
 #: (``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes) instead of their
-#: integer transcriptions, and the backward's branch-free reciprocals and quotients with an exact redo of
-#: the rare tile that needs it (``_kernels._recip_ge1``): 2.4-3x fewer SASS instructions per element in
-#: the quantizers (benchmarks/sass_budget.py). Off by default until it has run on a GPU: both paths compute
-#: the same bits by the PTX specification and ptxas's own expansions, but only the integer path has been
-#: checked on hardware (H200, bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in.
-#: Under the interpreter it selects the same kernels with each PTX piece emulated (the integer conversions,
-#: an exact reciprocal that is NaN wherever the PTX one might be inexact), which must give the default
-#: path's bytes (tests/test_triton_backend.py).
+#: integer transcriptions, the backward's branch-free reciprocals and quotients with an exact redo of the
+#: rare tile that needs it (``_kernels._recip_ge1``), and the MX forward's approximate quotient (its outputs
+#: are codes, held to the contract's near-tie rule: ``_kernels._quotient``): 3.4-3.7x fewer SASS
+#: instructions per element in the quantizers (benchmarks/sass_budget.py). Off by default until it has run
+#: on a GPU: the backward and elementwise kernels compute the same bits as the integer path by the PTX
+#: specification and ptxas's own expansions, but only the integer path has been checked on hardware (H200,
+#: bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in. Under the interpreter it
+#: selects the same kernels with each PTX piece emulated (the integer conversions, an exact reciprocal that
+#: is NaN wherever the PTX one might be inexact, the forward's quotient with a correctly rounded
+#: reciprocal), which must give the default path's bytes, the MX forward's within the near-tie rule
+#: (tests/test_triton_backend.py).
 def hw_conversions_from_env(value: str | None) -> bool:
     """``SWIGLU_OPS_TRITON_HW_CVT``: unset, "" or "0" = off, "1" = on; anything else is an error."""
     if value in (None, "", "0", "1"):
@@ -180,10 +186,34 @@ def mx_block_n(backward: bool, aligned: bool, transpose_y2: bool) -> int:
     return block_n
 
 
+@functools.lru_cache(maxsize=256)
+def padding(glu, dtype: torch.dtype, backward: bool) -> tuple[float, bool]:
+    """``(b_pad, select)``: what the MX kernels load as B on the padding of a tile (pairs past N, rows past
+    the last group; A loads 1.0, dy 0.0), and whether its values must be replaced by zeros with a select
+    (constexpr ``PAD_SELECT``).
+
+    The padding feeds the block amaxes, and the rows past the last group are stored, so it must come out as
+    +0.0. The plain SwiGLU gives (1 / (e + 1)) * 0 = +0 by itself; for the clipped variants the GLU's own
+    math decides, evaluated here by the reference on the padding's values in x's dtype: the forward with
+    B = -bias (clip(-bias) + bias = +0 when |bias| <= limit), the backward with B = 0 and dy = 0 (+0 unless
+    alpha or bias is infinite, or a factor's sign makes it -0). Where it is not +0 exactly, the kernels
+    select (one compare and one select per element: the only cost, GPT-OSS's parameters do not pay it)."""
+    if not glu.clipped:
+        return 0.0, False
+    b_pad = -glu.bias if not backward and glu.clamp_mode == 0 and math.isfinite(glu.bias) else 0.0
+    b_pad = torch.tensor(b_pad, dtype=dtype).item()  # as the kernel's masked load gives it
+    one, b, zero = (torch.tensor([v], dtype=dtype).float() for v in (1.0, b_pad, 0.0))
+    outs = glu_math.backward(one, b, zero, glu) if backward else (glu_math.forward(one, b, glu),)
+    exact = all(int(o.view(torch.int32)) == 0 for o in outs)  # +0.0, not -0.0
+    return b_pad, not exact
+
+
 def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
-    """Arguments both MX kernels share, whether the tensors are 16-byte aligned, the row-block count and the
-    tile width of the launch. ``tile_pairs``: the pairs (forward: output columns, with the pad slot) a
-    row spans. Zero-fills ``s2``: the kernels write only the slots that a 32-row block maps to."""
+    """Arguments both MX kernels share (the shape's, the GLU's, the format's and the tiling's, in the
+    kernels' order; the forward adds its mxscale1 slots and the padding's B), whether the tensors are
+    16-byte aligned, the grid and the constexprs. ``tile_pairs``: the pairs (forward: output columns, with
+    the pad slot) a row spans. Zero-fills ``s2``: the kernels write only the slots that a 32-row block maps
+    to."""
     s2.zero_()
     batch, m, _ = x.shape
     num_groups = None if group_ends is None else group_ends.numel()
@@ -193,20 +223,19 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     n_tiles = triton.cdiv(tile_pairs, block_n)
     per_program = min(MX_TILES_PER_PROGRAM, n_tiles)
     inv_max = getattr(fmt, "inv_max", 0.0)  # RCEIL only (FP8)
-    args = (
-        m, x.shape[-1] // 2, num_groups or 0, blocks, s2.shape[1],
-        glu.alpha, glu.limit, glu.bias, inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code,
-        n_tiles, per_program,
-    )  # fmt: skip
+    shape = (m, x.shape[-1] // 2, num_groups or 0, blocks, s2.shape[1])
+    glu_args = (glu.alpha, glu.limit, glu.bias)
+    tail = (inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code, n_tiles, per_program)
+    b_pad, pad_select = padding(glu, x.dtype, backward)
     consts = dict(
         # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more
         WIDE=32 * x.shape[-1] >= 2**31, GROUPED=group_ends is not None, BLOCK_N=block_n,
-        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index,
+        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index, PAD_SELECT=pad_select,
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,
         SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
     grid = (batch * blocks, triton.cdiv(n_tiles, per_program))
-    return aligned, grid, args, consts
+    return aligned, grid, (shape, glu_args, b_pad, tail), consts
 
 
 def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
@@ -214,8 +243,9 @@ def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, 
     aligned, grid, args, consts = _mx_common(
         x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2
     )
+    shape, glu_args, _b_pad, tail = args  # the backward pads B with 0 (dy = 0 zeroes its padding)
     _kernels.swiglu_bwd_mx_quant_kernel[grid](
-        x, dy, group_ends, y1, s1, y2, s2, *args, maxnreg=mx_maxnreg(aligned), **consts
+        x, dy, group_ends, y1, s1, y2, s2, *shape, *glu_args, *tail, maxnreg=mx_maxnreg(aligned), **consts
     )
 
 
@@ -226,8 +256,10 @@ def swiglu_mx_quant(
     aligned, grid, args, consts = _mx_common(
         x, group_ends, glu, scale_alg, fmt, s2, (y1, s1, y2, s2), slots * 32, False, transpose_y2
     )
+    shape, glu_args, b_pad, tail = args
+    bits = torch.tensor(b_pad, dtype=x.dtype).view({2: torch.int16, 4: torch.int32}[x.element_size()]).item()
     _kernels.swiglu_mx_quant_kernel[grid](
-        x, group_ends, y1, s1, y2, s2, *args[:5], slots, *args[5:],
+        x, group_ends, y1, s1, y2, s2, *shape, slots, *glu_args, bits, *tail,
         FP4=fmt.packed, ROUND=_kernels.ROUND_MODES[round_mode], maxnreg=mx_maxnreg(aligned), **consts,
     )  # fmt: skip
 

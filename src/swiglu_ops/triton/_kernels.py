@@ -469,51 +469,41 @@ def _cols(K: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
-def _load_pairs(
-    ptr, row_off, jb, rows_ok, bound, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr,
-    VEC: tl.constexpr,
-):  # fmt: skip
-    """The stored A and B elements of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start
-    at element ``row_off``; pairs from ``bound`` on (``half``, or what is left of it after ``ptr``) and
-    rows not ``rows_ok`` load A = 1.0 and B = 0.0 (every
-    functor gives +0.0 there, and the fast quotient's key stays low: a zero numerator would send the tile
-    to the exact path).
-
-    Chunked: A and B are the two halves (A the left one for ``a_index`` 0). Interleaved: A and B are the
-    even and odd elements (A the even one for ``a_index`` 0): one contiguous load of the 2K elements, split
-    in registers (vector loads; two loads of stride 2 would be scalar). ``row_off``, ``jb`` and ``rows_ok``
-    broadcast against the trailing ``[K]``; ``a_index`` may be a runtime value; ``VEC``: the contiguity hint
-    of the pairs (``_cols``; interleaved: of the 2K elements, 2 VEC).
-    """
-    if INTERLEAVED:
-        xc = 2 * jb + _cols(2 * K, 2 * VEC)
-        a_first = a_index == 0
-        pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
-        pair = tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad)
-        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K, 2]))
-        return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
-    j = jb + _cols(K, VEC)
-    mask = rows_ok & (j < bound)
+def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
+    """The raw A and B elements of the pairs ``j`` from a row's two halves (A the left one for ``a_index``
+    0); masked positions load A = 1.0 and B = ``b_pad`` (0.0, or -bias for the clipped MX forward: the
+    padding's values, see ``swiglu_ops.triton.padding``; A = 1 keeps the fast quotient's key low, where a
+    zero numerator would send the tile to the exact path)."""
     a = tl.load((ptr + a_index * half) + (row_off + j), mask=mask, other=1.0)
-    b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask, other=0.0)
+    b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask, other=b_pad)
     return a, b
 
 
 @triton.jit
-def _load_pairs_f32(
-    ptr, row_off, jb, rows_ok, bound, half, a_index, K: tl.constexpr, INTERLEAVED: tl.constexpr,
+def _load_pairs(
+    ptr, row_off, jb, rows_ok, bound, half, a_index, b_pad, K: tl.constexpr, INTERLEAVED: tl.constexpr,
     VEC: tl.constexpr,
 ):  # fmt: skip
-    """``_load_pairs`` widened to fp32 (interleaved: widened before the split, two values per register)."""
+    """A and B of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start at element
+    ``row_off``, widened to fp32; pairs from ``bound`` on (``half``, or what is left of it after ``ptr``)
+    and rows not ``rows_ok`` load the padding of ``_load_halves`` (A = 1.0, B = ``b_pad``).
+
+    Chunked: A and B are the two halves (``_load_halves``). Interleaved: A and B are the even and odd
+    elements (A the even one for ``a_index`` 0): one contiguous load of the 2K elements, widened (two
+    values per 32-bit register, one instruction each) and then split in registers (vector loads; two loads
+    of stride 2 would be scalar). ``row_off``, ``jb`` and ``rows_ok`` broadcast against the trailing
+    ``[K]``; ``VEC``: the contiguity hint of the pairs (``_cols``; interleaved: of the 2K elements, 2 VEC).
+    """
     if INTERLEAVED:
         xc = 2 * jb + _cols(2 * K, 2 * VEC)
         a_first = a_index == 0
-        pad = tl.where((xc % 2 == 0) == a_first, 1.0, 0.0)
+        pad = tl.where((xc % 2 == 0) == a_first, 1.0, b_pad)
         pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
         even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K, 2]))
         return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
     else:
-        a, b = _load_pairs(ptr, row_off, jb, rows_ok, bound, half, a_index, K, INTERLEAVED, VEC)
+        j = jb + _cols(K, VEC)
+        a, b = _load_halves(ptr, row_off, j, rows_ok & (j < bound), half, a_index, b_pad)
         return _widen(a), _widen(b)
 
 
@@ -559,9 +549,7 @@ def _clipped_tile(
     rem = tl.minimum(half - p0, BLOCK).to(tl.int32)
     x_row = x_ptr + r * (2 * half)
     xp = x_row + 2 * p0 if INTERLEAVED else x_row + p0
-    a_raw, b_raw = _load_pairs(xp, 0, 0, live, rem, half, a_index, BLOCK, INTERLEAVED, 0)
-    a = _widen(a_raw)
-    b = _widen(b_raw)
+    a, b = _load_pairs(xp, 0, 0, live, rem, half, a_index, 0.0, BLOCK, INTERLEAVED, 0)
     if INTERLEAVED:  # dy and y in the split's register layout: the x vector's pairs per thread
         KVEC: tl.constexpr = 64 // x_ptr.dtype.element_ty.primitive_bitwidth
         j = tl.max_contiguous(tl.arange(0, BLOCK), KVEC)
@@ -655,7 +643,9 @@ def _group_grad_loads(
     rows_ok = row_ok[:, None]
     offs = r[:, None] * hidden + h[None, :]
     dy = tl.load(dy_ptr + offs, mask=rows_ok & (h < hidden)[None, :], other=0.0)
-    g, u = _load_pairs(x_ptr, r[:, None] * (2 * hidden), h0, rows_ok, hidden, hidden, 0, BLOCK_H, False, 0)
+    g, u = _load_halves(
+        x_ptr, r[:, None] * (2 * hidden), h[None, :], rows_ok & (h < hidden)[None, :], hidden, 0, 0.0
+    )
     if HAS_WEIGHT:
         yo = tl.load(yo_ptr + offs, mask=rows_ok & (h < hidden)[None, :], other=0.0)
     else:
@@ -1123,19 +1113,26 @@ _MX_NOT_SPECIALIZED = [
 @triton.jit
 def _mx_fwd_tile(
     xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
-    m, n, s1_slots, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+    m, n, s1_slots, a_index, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N output columns) of the forward."""
     NB: tl.constexpr = BLOCK_N // MX_BLOCK
     DTYPE: tl.constexpr = xb.dtype.element_ty
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
     ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
-    a, b = _load_pairs_f32(xb, rl * (2 * n), ob * MX_BLOCK, live, n, n, a_index, MX_BLOCK, INTERLEAVED, VEC)
+    # The padding's B in x's dtype from its bits (swiglu_ops.triton.padding): no conversion instruction.
+    if DTYPE == tl.float32:
+        b_pad = b_pad_bits.to(tl.float32, bitcast=True)
+    else:
+        b_pad = b_pad_bits.to(tl.int16).to(DTYPE, bitcast=True)
+    a, b = _load_pairs(
+        xb, rl * (2 * n), ob * MX_BLOCK, live, n, n, a_index, b_pad, MX_BLOCK, INTERLEAVED, VEC
+    )
     act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
-    if CLIPPED:  # e.g. 0 * inf = NaN for an infinite bias: the padding must stay zeros
+    if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
     act = _round_to_dtype(act, DTYPE, HW_CVT)
     _mx_quantize(
@@ -1147,8 +1144,9 @@ def _mx_fwd_tile(
 @triton.jit(do_not_specialize=[*_MX_NOT_SPECIALIZED, "s1_slots"])
 def swiglu_mx_quant_kernel(
     x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
-    m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, alpha, limit, glu_bias,
+    m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, alpha, limit, glu_bias, b_pad_bits,
     inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
+    PAD_SELECT: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
     SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
@@ -1179,8 +1177,9 @@ def swiglu_mx_quant_kernel(
     for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
         _mx_fwd_tile(
             xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
-            m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
-            BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
+            m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
+            BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, PAD_SELECT,
+            HW_CVT,
         )  # fmt: skip
 
 
@@ -1192,8 +1191,8 @@ def _mx_bwd_tile(
     xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
     m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
-    E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, FAST: tl.constexpr,
-    HW_CVT: tl.constexpr,
+    E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr,
+    FAST: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact)."""
     c = 2 * n
@@ -1205,10 +1204,10 @@ def _mx_bwd_tile(
     blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
     j = blk * K + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
     ok = live & (j < n)
-    a_raw, b_raw = _load_pairs(xb, rl * c, blk * K, live, n, n, a_index, K, INTERLEAVED, KVEC)
+    a, b = _load_pairs(xb, rl * c, blk * K, live, n, n, a_index, 0.0, K, INTERLEAVED, KVEC)
     dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
-    ga, gb, key = _glu_bwd(_widen(a_raw), _widen(b_raw), dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
-    if CLIPPED:  # e.g. 0 * inf = NaN for an infinite alpha or bias: the padding must stay zeros
+    ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
+    if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         ga = tl.where(ok, ga, 0.0)
         gb = tl.where(ok, gb, 0.0)
     ga = _round_to_dtype(ga, DTYPE, HW_CVT)
@@ -1249,6 +1248,7 @@ def swiglu_bwd_mx_quant_kernel(
     x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, alpha, limit, glu_bias,
     inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
+    PAD_SELECT: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, HW_CVT: tl.constexpr,
@@ -1279,7 +1279,7 @@ def swiglu_bwd_mx_quant_kernel(
         worst = tl.maximum(worst, _mx_bwd_tile(
             xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
             m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
-            BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, HW_CVT, HW_CVT,
+            BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, HW_CVT, HW_CVT,
         ))  # fmt: skip
     if HW_CVT:
         # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
@@ -1292,6 +1292,6 @@ def swiglu_bwd_mx_quant_kernel(
                 _mx_bwd_tile(
                     xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
                     m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
-                    BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, False,
-                    HW_CVT,
+                    BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT,
+                    False, HW_CVT,
                 )  # fmt: skip
