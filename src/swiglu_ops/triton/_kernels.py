@@ -494,7 +494,30 @@ def _load_pairs(
     of stride 2 would be scalar). ``row_off``, ``jb`` and ``rows_ok`` broadcast against the trailing
     ``[K]``; ``VEC``: the contiguity hint of the pairs (``_cols``; interleaved: of the 2K elements, 2 VEC).
     """
-    if INTERLEAVED:
+    if INTERLEAVED and VEC * ptr.dtype.element_ty.primitive_bitwidth > 64:
+        # The MX forward's tile (4-D, VEC pairs per thread = 2 VEC elements, two 16-byte vectors): a load
+        # of [2 VEC] elements per thread would get one vector per lane and twice the lanes per block-row
+        # from Triton's layout (4 output columns per lane: a third shuffle level in the row amax and a
+        # lane transpose before the stores). So the block-row's 2K elements go on a new outermost axis h
+        # as two vectors per lane: element 2R * (c // R) + R * h + c % R for column c (R: elements per
+        # vector), i.e. lane l holds elements [2R l, 2R l + 2R) = pairs [R l, R l + R). After the split,
+        # the pair axis (h, c // 2) is permuted back into pair order: the registers stay where they are.
+        R: tl.constexpr = 128 // ptr.dtype.element_ty.primitive_bitwidth
+        a_first = a_index == 0
+        h = tl.arange(0, 2)[:, None, None, None, None]
+        c = tl.arange(0, K)[None, None, None, None, :]
+        off = (c // R) * (2 * R) + h * R + c % R
+        off = tl.max_contiguous(tl.multiple_of(off, [1, 1, 1, 1, R]), [1, 1, 1, 1, R])
+        xc = 2 * jb[None] + off
+        pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
+        ok = rows_ok[None] & (xc < 2 * bound)
+        pair = _widen(tl.load(ptr + row_off[None] + xc, mask=ok, other=pad))
+        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K // 2, 2]))
+        shape6: tl.constexpr = even.shape[:-1] + [K // R, R // 2]
+        even = tl.reshape(tl.permute(tl.reshape(even, shape6), (1, 2, 3, 4, 0, 5)), even.shape[1:4] + [K])
+        odd = tl.reshape(tl.permute(tl.reshape(odd, shape6), (1, 2, 3, 4, 0, 5)), odd.shape[1:4] + [K])
+        return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
+    elif INTERLEAVED:
         xc = 2 * jb + _cols(2 * K, 2 * VEC)
         a_first = a_index == 0
         pad = tl.where((xc % 2 == 0) == a_first, 1.0, b_pad)
