@@ -208,6 +208,12 @@ def padding(glu, dtype: torch.dtype, backward: bool) -> tuple[float, bool]:
     return b_pad, not exact
 
 
+@functools.lru_cache(maxsize=256)
+def _bits(value: float, dtype: torch.dtype) -> int:
+    """The bit pattern of ``value`` (exactly representable) in ``dtype``, as a signed integer of its width."""
+    return torch.tensor(value, dtype=dtype).view({2: torch.int16, 4: torch.int32}[dtype.itemsize]).item()
+
+
 def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
     """Arguments both MX kernels share (the shape's, the GLU's, the format's and the tiling's, in the
     kernels' order; the forward adds its mxscale1 slots and the padding's B), whether the tensors are
@@ -257,9 +263,8 @@ def swiglu_mx_quant(
         x, group_ends, glu, scale_alg, fmt, s2, (y1, s1, y2, s2), slots * 32, False, transpose_y2
     )
     shape, glu_args, b_pad, tail = args
-    bits = torch.tensor(b_pad, dtype=x.dtype).view({2: torch.int16, 4: torch.int32}[x.element_size()]).item()
     _kernels.swiglu_mx_quant_kernel[grid](
-        x, group_ends, y1, s1, y2, s2, *shape, slots, *glu_args, bits, *tail,
+        x, group_ends, y1, s1, y2, s2, *shape, slots, *glu_args, _bits(b_pad, x.dtype), *tail,
         FP4=fmt.packed, ROUND=_kernels.ROUND_MODES[round_mode], maxnreg=mx_maxnreg(aligned), **consts,
     )  # fmt: skip
 
