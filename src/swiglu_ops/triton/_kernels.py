@@ -480,6 +480,14 @@ def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
 
 
 @triton.jit
+def _lane_pairs_in_order(v, K: tl.constexpr, R: tl.constexpr):
+    """``[2, R4, NB, R8, K/2]`` (vector h, element pair c // 2 of _load_pairs' two-vector load) ->
+    ``[R4, NB, R8, K]`` in pair order R * (c // R) + R/2 * h + (c // 2) % (R/2): a register renaming."""
+    by_lane: tl.constexpr = v.shape[:-1] + [K // R, R // 2]
+    return tl.reshape(tl.permute(tl.reshape(v, by_lane), (1, 2, 3, 4, 0, 5)), v.shape[1:4] + [K])
+
+
+@triton.jit
 def _load_pairs(
     ptr, row_off, jb, rows_ok, bound, half, a_index, b_pad, K: tl.constexpr, INTERLEAVED: tl.constexpr,
     VEC: tl.constexpr,
@@ -494,7 +502,8 @@ def _load_pairs(
     of stride 2 would be scalar). ``row_off``, ``jb`` and ``rows_ok`` broadcast against the trailing
     ``[K]``; ``VEC``: the contiguity hint of the pairs (``_cols``; interleaved: of the 2K elements, 2 VEC).
     """
-    if INTERLEAVED and VEC * ptr.dtype.element_ty.primitive_bitwidth > 64:
+    if INTERLEAVED:
+        a_first = a_index == 0
         # The MX forward's tile (4-D, VEC pairs per thread = 2 VEC elements, two 16-byte vectors): a load
         # of [2 VEC] elements per thread would get one vector per lane and twice the lanes per block-row
         # from Triton's layout (4 output columns per lane: a third shuffle level in the row amax and a
@@ -502,27 +511,21 @@ def _load_pairs(
         # as two vectors per lane: element 2R * (c // R) + R * h + c % R for column c (R: elements per
         # vector), i.e. lane l holds elements [2R l, 2R l + 2R) = pairs [R l, R l + R). After the split,
         # the pair axis (h, c // 2) is permuted back into pair order: the registers stay where they are.
+        TWO_VECTORS: tl.constexpr = VEC * ptr.dtype.element_ty.primitive_bitwidth > 64
         R: tl.constexpr = 128 // ptr.dtype.element_ty.primitive_bitwidth
-        a_first = a_index == 0
-        h = tl.arange(0, 2)[:, None, None, None, None]
-        c = tl.arange(0, K)[None, None, None, None, :]
-        off = (c // R) * (2 * R) + h * R + c % R
-        off = tl.max_contiguous(tl.multiple_of(off, [1, 1, 1, 1, R]), [1, 1, 1, 1, R])
-        xc = 2 * jb[None] + off
+        if TWO_VECTORS:
+            c = tl.arange(0, K)[None, None, None, None, :]
+            off = (c // R) * (2 * R) + tl.arange(0, 2)[:, None, None, None, None] * R + c % R
+            xc = 2 * jb[None] + tl.max_contiguous(tl.multiple_of(off, [1, 1, 1, 1, R]), [1, 1, 1, 1, R])
+            row_off, rows_ok = row_off[None], rows_ok[None]
+        else:
+            xc = 2 * jb + _cols(2 * K, 2 * VEC)
+            c = xc
         pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
-        ok = rows_ok[None] & (xc < 2 * bound)
-        pair = _widen(tl.load(ptr + row_off[None] + xc, mask=ok, other=pad))
-        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K // 2, 2]))
-        shape6: tl.constexpr = even.shape[:-1] + [K // R, R // 2]
-        even = tl.reshape(tl.permute(tl.reshape(even, shape6), (1, 2, 3, 4, 0, 5)), even.shape[1:4] + [K])
-        odd = tl.reshape(tl.permute(tl.reshape(odd, shape6), (1, 2, 3, 4, 0, 5)), odd.shape[1:4] + [K])
-        return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
-    elif INTERLEAVED:
-        xc = 2 * jb + _cols(2 * K, 2 * VEC)
-        a_first = a_index == 0
-        pad = tl.where((xc % 2 == 0) == a_first, 1.0, b_pad)
         pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
-        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [K, 2]))
+        even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [pair.shape[-1] // 2, 2]))
+        if TWO_VECTORS:
+            even, odd = _lane_pairs_in_order(even, K, R), _lane_pairs_in_order(odd, K, R)
         return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
     else:
         j = jb + _cols(K, VEC)
