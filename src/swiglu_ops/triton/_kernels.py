@@ -1030,13 +1030,16 @@ def _reduce_u16x2(packed, axis: tl.constexpr):
 
 
 @triton.jit
-def _amax_bf16x2(mag):
-    """The row-wise and column-wise block amax of a tile of bf16 magnitudes (``mag``: fp32 bits of widened
+def _amax_bf16x2(bits):
+    """The row-wise and column-wise block amax of a tile of bf16 values (``bits``: fp32 bits of widened
     bf16 values, whose low 16 bits are zero) with two columns per 32-bit register: each reduction step and
-    shuffle serves two columns (the bf16 bits order like the magnitudes, NaN above inf, as the fp32 bits
-    do). Returns the fp32 bits ``[R4, NB, R8]`` (rows) and ``[NB, 32]`` (columns)."""
-    lo, hi = tl.split(tl.reshape(mag, mag.shape[:-1] + [MX_BLOCK // 2, 2]))
-    packed = (lo >> 16) | hi  # column 2k in the low half, 2k + 1 in the high half
+    shuffle serves two columns (the bf16 magnitudes' bits order like the magnitudes, NaN above inf, as the
+    fp32 bits do). The columns are packed first and their signs cleared after (a shift and one three-input
+    logic op per two columns). Returns the magnitudes' fp32 bits ``[R4, NB, R8]`` (rows) and ``[NB, 32]``
+    (columns)."""
+    lo, hi = tl.split(tl.reshape(bits.to(tl.uint32, bitcast=True), bits.shape[:-1] + [MX_BLOCK // 2, 2]))
+    # column 2k in the low half, 2k + 1 in the high half
+    packed = (((lo >> 16) | hi) & 0x7FFF7FFF).to(tl.int32, bitcast=True)
     rows = _reduce_u16x2(packed, 3)
     rows = tl.maximum(rows << 16, rows & -65536)
     cols = _reduce_u16x2(_reduce_u16x2(packed, 0), 1)  # [NB, 16]
@@ -1065,7 +1068,7 @@ def _mx_quantize(
     """
     # |v| as fp32 bits: they order like the magnitudes (NaN above inf), and the exact widening of a 16-bit
     # value is monotonic, so their integer max is the widened 16-bit amax of the spec.
-    mag = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    bits = v.to(tl.int32, bitcast=True)
     ok = rows_ok & ob_ok
     col = ob * MX_BLOCK + _block_cols(MX_BLOCK, 8)  # [1, NB, 1, 32]
     if FP4:  # byte columns (the width is even)
@@ -1076,8 +1079,9 @@ def _mx_quantize(
         y_ok = ok & (col < width)
         y_off = rl * width + col
     if BF16:  # two columns per register
-        amax1, amax2 = _amax_bf16x2(mag)
+        amax1, amax2 = _amax_bf16x2(bits)
     else:
+        mag = bits & 0x7FFFFFFF
         amax1 = tl.max(mag, axis=3)
         amax2 = tl.max(tl.max(mag, axis=0), axis=1)
     # Row-wise: 32 consecutive columns of one row.
