@@ -16,6 +16,9 @@ SASS instructions a thread issues on the hot path:
 - loop-free kernels (clipped_swiglu, the MX kernels): the whole program once, per element a thread handles:
   per pair for the elementwise kernels, per quantized element (an element of y1, which is quantized on both
   axes) for the MX kernels. The grouped MX kernels' group-end scan is counted once (one chunk: G < 128).
+  Their aligned specializations load without predicates (``PLAIN_LOADS``: what the launcher picks for N a
+  multiple of 32, as in GPT-OSS, DeepSeek-V3 and Qwen3's experts); the ``pad_select`` and unaligned ones
+  load the padding with masks.
 
 Not counted: NOPs, the trailing self-branch, and the cold paths that ptxas adds for correctly rounded
 division/reciprocal (the ``CALL.REL`` to ``__internal_*_slowpath`` and its register moves: taken only for
@@ -62,16 +65,16 @@ QUANTIZER_BUDGET = 35.0
 ELEMENTWISE_BUDGET = 50.0
 
 #: What tests/test_triton_sass_budget.py holds today: per kernel (and direction), the largest count on the
-#: budgeted path measured for this commit, rounded up. The CANN defaults of both MX kernels and the GPT-OSS
-#: backward meet their target; the GPT-OSS forward, the transpose_y2 and fp32 GPT-OSS variants of the
-#: quantizers and one fp32 elementwise kernel do not (docs/triton_backend.md, Budgets, says why); these
-#: ceilings keep the counts from growing back, and go down with every kernel change that lowers them.
+#: budgeted path measured for this commit, rounded up. Both MX kernels meet their target in the CANN
+#: defaults and the GPT-OSS variants, and every elementwise kernel meets its own; the transpose_y2 and fp32
+#: GPT-OSS variants of the quantizers do not (docs/triton_backend.md, Budgets, says why). These ceilings
+#: keep the counts from growing back, and go down with every kernel change that lowers them.
 CEILINGS = {
-    "group_grad": 48.0,
+    "group_grad": 47.0,
     "clipped_swiglu.fwd": 39.0,
-    "clipped_swiglu.bwd": 51.0,
-    "mx_quant": 46.0,
-    "bwd_mx_quant": 57.0,
+    "clipped_swiglu.bwd": 50.0,
+    "mx_quant": 44.0,
+    "bwd_mx_quant": 54.0,
 }
 
 

@@ -100,7 +100,7 @@ def _mx_bwd_specs():
                "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
                "n_tiles": "i32", "tiles_per_program": "i32",
-               "A_INDEX": "constexpr", "PAD_SELECT": "constexpr",
+               "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
                                 "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
@@ -118,7 +118,8 @@ def _mx_bwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(True, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(A_INDEX=0, PAD_SELECT=pad_select, GROUPED=grouped, BLOCK_N=block_n,
+            consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
+                          GROUPED=grouped, BLOCK_N=block_n,
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
                           TRANSPOSE_Y2=transpose, WIDE=False, HW_CVT=hw)  # fmt: skip
@@ -152,7 +153,7 @@ def _mx_fwd_specs():
                "s1_slots": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32", "b_pad_bits": "i32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
                "n_tiles": "i32", "tiles_per_program": "i32",
-               "A_INDEX": "constexpr", "PAD_SELECT": "constexpr",
+               "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
                                 "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT"),
                                "constexpr")}  # fmt: skip
@@ -172,7 +173,8 @@ def _mx_fwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(False, aligned, transpose)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(A_INDEX=0, PAD_SELECT=pad_select, GROUPED=grouped, BLOCK_N=block_n,
+            consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
+                          GROUPED=grouped, BLOCK_N=block_n,
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK, INTERLEAVED=inter, CLIPPED=clipped, MODE=0,
                           FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,

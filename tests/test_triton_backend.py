@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 import swiglu_ops  # noqa: E402
 from swiglu_ops import _api, mx  # noqa: E402
+from swiglu_ops import reference as reference_backend  # noqa: E402
 from swiglu_ops import triton as triton_backend  # noqa: E402
 from swiglu_ops.glu import SWIGLU  # noqa: E402
 from swiglu_ops.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
@@ -343,8 +344,8 @@ PADDING_CASES = [
 def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, backward):
     """Both MX kernels on the clipped GLU with every padding decision: tiles padded along both axes
     (forward: N = 40 pairs, a partial 32-column block; both: rows past a group's end inside its last
-    32-row block) give the reference's outputs, so the padding stays +0.0 with the select and without
-    it."""
+    32-row block; the backward on an unaligned x, where it loads the padding) give the reference's
+    outputs, so the padding stays +0.0 with the select and without it."""
     from _fwd_oracles import assert_forward_matches
 
     from swiglu_ops.glu import GluParams
@@ -362,7 +363,62 @@ def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, back
     got = swiglu_ops.swiglu_mx_quant_dual_axis(x, gi, backend="triton", **glu)
     assert_forward_matches([t.cpu() for t in got], want, "triton", torch.float8_e4m3fn)
     x = _randn(70, 128, dtype=torch.bfloat16, scale=3.0, gen=gen)  # backward: 2N a multiple of 64
-    _check_mx(x, _randn(70, 64, dtype=torch.bfloat16, gen=gen), gi, **glu)
+    dy = _randn(70, 64, dtype=torch.bfloat16, gen=gen)
+    _check_mx(x, dy, gi, **glu)  # plain loads (no padding)
+    x_odd = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEVICE)[1:].view(x.shape)
+    x_odd.copy_(x)
+    _check_mx(x_odd, dy, gi, **glu)  # unaligned: masked loads of the padding
+
+
+def _mx_backend_outputs(impl, x, dy, ends, glu):
+    """Both MX operators of ``impl`` (a backend module) on ``[1, M, 2N]`` inputs with the device path's
+    group ends (unvalidated: a tail past the last end is allowed), into fresh buffers: 8 uint8 tensors."""
+    m, n = x.shape[-2], x.shape[-1] // 2
+    rows = mx.mxscale2_rows(m, ends.numel())
+
+    def buffers(c):
+        shapes = [(1, m, c), (1, m, mx.mxscale1_slots(c)), (1, m, c), (1, rows, c, 2)]
+        return [torch.zeros(sh, dtype=torch.uint8, device=x.device) for sh in shapes]
+
+    fwd, bwd = buffers(n), buffers(2 * n)
+    impl.swiglu_mx_quant(x, ends, glu, 1, mx.E4M3FN, "rint", *fwd)
+    impl.swiglu_bwd_mx_quant(x, dy, ends, glu, 1, mx.E4M3FN, *bwd)
+    return [t.cpu() for t in fwd + bwd]
+
+
+@pytest.mark.parametrize("glu", [{}, FWD_GLU[1]], ids=["plain", "gpt_oss"])
+def test_mx_plain_loads_read_copies_that_never_reach_an_output(glu, monkeypatch):
+    """Where N is a multiple of 32 and the tensors are aligned, the MX kernels load without predicates:
+    rows past a block's last row and blocks past N read copies of the block's own values. With groups that
+    end and start inside 32-row blocks, an empty group, a tail past the last group end (stored as zeros)
+    and an odd block count (the forward's mxscale1 pad slot), and with NaN / inf / huge values in every row
+    that a padding would have replaced (each group's first row, the tail), both kernels give the
+    reference's outputs (the forward within the near-tie rule of its exp), and the same bytes as the
+    masked loads of the padding."""
+    from _fwd_oracles import assert_forward_matches
+
+    from swiglu_ops.glu import GluParams
+
+    m, n = 75, 96  # 3 blocks of 32 pairs: the forward's mxscale1 has a pad slot
+    assert triton_backend.plain_loads(n, True)
+    assert not triton_backend.plain_loads(n + 16, True) and not triton_backend.plain_loads(n, False)
+    params = GluParams(clipped=bool(glu), **{k: v for k, v in glu.items()})
+    gen = torch.Generator().manual_seed(43)
+    ends = torch.tensor([0, 33, 33, 60], device=DEVICE)  # empty group, ends inside blocks, tail [60, 75)
+    x = _randn(1, m, 2 * n, dtype=torch.bfloat16, scale=2.0, gen=gen)
+    dy = _randn(1, m, n, dtype=torch.bfloat16, gen=gen)
+    for r in (33, 60, 61, 74):
+        x[0, r, ::3], x[0, r, 1::5], x[0, r, 2::7] = float("nan"), float("inf"), -3e38
+        dy[0, r, ::4] = float("nan")
+    plain = _mx_backend_outputs(triton_backend, x, dy, ends, params)
+    want = _mx_backend_outputs(reference_backend, x.cpu(), dy.cpu(), ends.cpu(), params)
+    assert_forward_matches(plain[:4], want[:4], "triton", torch.float8_e4m3fn)
+    for name, got, w in zip(("y1", "s1", "y2", "s2"), plain[4:], want[4:], strict=True):
+        _equal_codes(got, w, f"backward {name}")
+    monkeypatch.setattr(triton_backend, "plain_loads", lambda n, aligned: False)
+    masked = _mx_backend_outputs(triton_backend, x, dy, ends, params)
+    for name, got, w in zip(("y1", "s1", "y2", "s2") * 2, plain, masked, strict=True):
+        _equal_codes(got, w, f"{name}: plain against masked loads")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -214,6 +214,13 @@ def _bits(value: float, dtype: torch.dtype) -> int:
     return torch.tensor(value, dtype=dtype).view({2: torch.int16, 4: torch.int32}[dtype.itemsize]).item()
 
 
+def plain_loads(n: int, aligned: bool) -> bool:
+    """Whether the MX kernels load without predicates (constexpr ``PLAIN_LOADS``): where every 32-column
+    block of the N pairs is whole and the tensors are 16-byte aligned. Their clamped addresses then read
+    copies of the block's own values instead of the padding (``_kernels._mx_quantize``, ``COPIES``)."""
+    return aligned and n % 32 == 0
+
+
 def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
     """Arguments both MX kernels share (the shape's, the GLU's, the format's and the tiling's, in the
     kernels' order; the forward adds its mxscale1 slots and the padding's B), whether the tensors are
@@ -232,11 +239,13 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     shape = (m, x.shape[-1] // 2, num_groups or 0, blocks, s2.shape[1])
     glu_args = (glu.alpha, glu.limit, glu.bias)
     tail = (inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code, n_tiles, per_program)
+    plain = plain_loads(x.shape[-1] // 2, aligned)
     b_pad, pad_select = padding(glu, x.dtype, backward)
     consts = dict(
         # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more
         WIDE=32 * x.shape[-1] >= 2**31, GROUPED=group_ends is not None, BLOCK_N=block_n,
-        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index, PAD_SELECT=pad_select,
+        GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index,
+        PAD_SELECT=pad_select and not plain, PLAIN_LOADS=plain,
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,
         SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip

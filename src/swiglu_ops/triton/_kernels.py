@@ -497,9 +497,13 @@ def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
     """The raw A and B elements of the pairs ``j`` from a row's two halves (A the left one for ``a_index``
     0); masked positions load A = 1.0 and B = ``b_pad`` (0.0, or -bias for the clipped MX forward: the
     padding's values, see ``swiglu_ops.triton.padding``; A = 1 keeps the fast quotient's key low, where a
-    zero numerator would send the tile to the exact path)."""
-    a = tl.load((ptr + a_index * half) + (row_off + j), mask=mask, other=1.0)
-    b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask, other=b_pad)
+    zero numerator would send the tile to the exact path). ``mask`` None: plain loads."""
+    if mask is None:
+        a = tl.load((ptr + a_index * half) + (row_off + j))
+        b = tl.load((ptr + (1 - a_index) * half) + (row_off + j))
+    else:
+        a = tl.load((ptr + a_index * half) + (row_off + j), mask=mask, other=1.0)
+        b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask, other=b_pad)
     return a, b
 
 
@@ -518,7 +522,8 @@ def _load_pairs(
 ):  # fmt: skip
     """A and B of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start at element
     ``row_off``, widened to fp32; pairs from ``bound`` on (``half``, or what is left of it after ``ptr``)
-    and rows not ``rows_ok`` load the padding of ``_load_halves`` (A = 1.0, B = ``b_pad``).
+    and rows not ``rows_ok`` load the padding of ``_load_halves`` (A = 1.0, B = ``b_pad``). ``rows_ok``
+    None: plain loads (no predicates, no padding moves), for callers whose addresses all exist.
 
     Chunked: A and B are the two halves (``_load_halves``). Interleaved: A and B are the even and odd
     elements (A the even one for ``a_index`` 0): one contiguous load of the 2K elements, widened (two
@@ -541,19 +546,25 @@ def _load_pairs(
             c = tl.arange(0, K)[None, None, None, None, :]
             off = (c // R) * (2 * R) + tl.arange(0, 2)[:, None, None, None, None] * R + c % R
             xc = 2 * jb[None] + tl.max_contiguous(tl.multiple_of(off, [1, 1, 1, 1, R]), [1, 1, 1, 1, R])
-            row_off, rows_ok = row_off[None], rows_ok[None]
+            row_off = row_off[None]
+            if rows_ok is not None:
+                rows_ok = rows_ok[None]
         else:
             xc = 2 * jb + _cols(2 * K, 2 * VEC)
             c = xc
-        pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
-        pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
+        if rows_ok is None:
+            pair = _widen(tl.load(ptr + row_off + xc))
+        else:
+            pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
+            pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
         even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [pair.shape[-1] // 2, 2]))
         if TWO_VECTORS:
             even, odd = _lane_pairs_in_order(even, K, R), _lane_pairs_in_order(odd, K, R)
         return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
     else:
         j = jb + _cols(K, VEC)
-        a, b = _load_halves(ptr, row_off, j, rows_ok & (j < bound), half, a_index, b_pad)
+        mask = None if rows_ok is None else rows_ok & (j < bound)
+        a, b = _load_halves(ptr, row_off, j, mask, half, a_index, b_pad)
         return _widen(a), _widen(b)
 
 
@@ -971,11 +982,12 @@ def _mx_row_block(ends_ptr, m, num_groups, blocks_per_slice, s2_rows, width, GRO
                   GROUP_CHUNK: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
     """The 32-row block of this program (axis 0: batch slice x row-block), shared by both MX kernels.
 
-    Returns ``(row0, rl, rows_ok, live, first, s2_base, s2_cols, nonempty)``: the block's first flattened
-    [B*M] row (int64), its rows ``[MX_R4, 1, MX_R8, 1]`` relative to row0 (int32; int64 if ``WIDE``), which
-    of them exist (are stored), which are loaded (rows of a group; the tail past the last clamped group end
-    loads nothing, so its y1, mxscale1 and y2 come out as zeros), the slice's first flattened row, the
-    element offset of the block's mxscale2 slot (``[B, R, width, 2]``: row ``base + t // 2``, slot
+    Returns ``(row0, rl, rows_ok, live, last, dead, first, s2_base, s2_cols, nonempty)``: the block's first
+    flattened [B*M] row (int64), its rows ``[MX_R4, 1, MX_R8, 1]`` relative to row0 (int32; int64 if
+    ``WIDE``), which of them exist (are stored), which are loaded (rows of a group; the tail past the last
+    clamped group end loads nothing, so its y1, mxscale1 and y2 come out as zeros), the last row that
+    exists (int32 scalar), whether the block is such a tail block (scalar), the slice's first flattened
+    row, the element offset of the block's mxscale2 slot (``[B, R, width, 2]``: row ``base + t // 2``, slot
     ``t % 2``, column 0), the columns of mxscale2 to write (0 for the tail: those slots stay as the caller
     zero-filled them), and whether the program has a block at all.
     """
@@ -1000,10 +1012,11 @@ def _mx_row_block(ends_ptr, m, num_groups, blocks_per_slice, s2_rows, width, GRO
     rl = _block_rows()
     if WIDE:
         rl = rl.to(tl.int64)
-    rows_ok = rl < tl.minimum(end - row0, MX_BLOCK).to(tl.int32)
+    rows = tl.minimum(end - row0, MX_BLOCK).to(tl.int32)
+    rows_ok = rl < rows
     live = rl < tl.minimum(tl.maximum(load_end - row0, 0), MX_BLOCK).to(tl.int32)
     s2_base = ((batch.to(tl.int64) * s2_rows + base + t // 2) * width) * 2 + t % 2
-    return first + row0, rl, rows_ok, live, first, s2_base, s2_cols, row0 < end
+    return first + row0, rl, rows_ok, live, rows - 1, load_end <= row0, first, s2_base, s2_cols, row0 < end
 
 
 @triton.jit
@@ -1049,16 +1062,24 @@ def _amax_bf16x2(bits):
 
 @triton.jit
 def _mx_quantize(
-    v, rl, rows_ok, ob, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
+    v, rl, rows_ok, dead, ob, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
     inv_max, emax, mbits, bias, max_code,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, BF16: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, BF16: tl.constexpr, COPIES: tl.constexpr,
 ):  # fmt: skip
     """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (fp32, the stage-1 values in x's
-    dtype, zeros outside the data): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the
-    row-wise block index; ``ob_ok``: the mxscale1 slots to write, pad slots included) of the block's rows
-    ``rl`` (relative to the block's first row, where ``y1_ptr``, ``s1_ptr`` and ``y2_ptr`` point; y rows
-    have ``width`` codes, FP4 ``width / 2`` bytes).
+    dtype): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the row-wise block index;
+    ``ob_ok``: the mxscale1 slots to write, pad slots included) of the block's rows ``rl`` (relative to the
+    block's first row, where ``y1_ptr``, ``s1_ptr`` and ``y2_ptr`` point; y rows have ``width`` codes, FP4
+    ``width / 2`` bytes).
+
+    Outside the data ``v`` holds zeros, or with ``COPIES`` (the tiles' plain loads, ``PLAIN_LOADS``) copies
+    of the block's own values: rows past the block's last row repeat that row, 32-column blocks past the
+    data repeat the last one. A copy of a value already in a block never changes the block's amax, and a
+    copy's own codes and scales are never stored, so two things remain, each one select per block: a
+    block ``dead`` (rows past the last group end: zeros in the spec) takes scale code 0xFF for its codes
+    (:func:`_mx_codes` writes 0x00 for it) and stores scale 0, and an mxscale1 pad slot (a block past the
+    data) stores 0.
 
     From the same registers: the row-wise blocks (axis 3: 32 columns of a row -> y1, mxscale1 slot ``ob``)
     and the column-wise blocks (axes 0 and 2: the 32 rows of a column, zero padded -> y2, mxscale2 at
@@ -1086,14 +1107,20 @@ def _mx_quantize(
         amax2 = tl.max(tl.max(mag, axis=0), axis=1)
     # Row-wise: 32 consecutive columns of one row.
     code1, recip1 = _scale_code(amax1, inv_max, emax, SCALE_ALG, FP4)  # [R4, NB, R8]
+    s1_code = code1[:, :, :, None]
+    if COPIES:
+        s1_code = tl.where(dead | (ob * MX_BLOCK >= width), 0, s1_code)
+        code1 = tl.where(dead, 0xFF, code1)
     y1 = _mx_codes(
         v, recip1[:, :, :, None], code1[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT, True
     )
     _store_codes(y1_ptr + y_off, y1, y_ok, FP4)
-    tl.store(s1_ptr + rl * s1_stride + ob, code1[:, :, :, None].to(tl.uint8), mask=ok)
+    tl.store(s1_ptr + rl * s1_stride + ob, s1_code.to(tl.uint8), mask=ok)
     # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
     # rows (axis 0) first, then the lanes' (axis 2 before, 1 after the first reduction).
     code2, recip2 = _scale_code(amax2, inv_max, emax, SCALE_ALG, FP4)  # [NB, 32]
+    if COPIES:
+        code2 = tl.where(dead, 0xFF, code2)
     y2 = _mx_codes(
         v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT,
         False,
@@ -1166,13 +1193,16 @@ _MX_NOT_SPECIALIZED = [
 
 @triton.jit
 def _mx_fwd_tile(
-    xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+    xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
     m, n, s1_slots, a_index, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, HW_CVT: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """One tile (32 rows x BLOCK_N output columns) of the forward."""
+    """One tile (32 rows x BLOCK_N output columns) of the forward. ``PLAIN_LOADS`` (N a multiple of 32,
+    16-byte aligned tensors): loads without predicates, whose rows past the block's ``last`` row and blocks
+    past N read copies (clamped addresses; ``_mx_quantize``'s ``COPIES``); else masked loads of the
+    padding (``_load_pairs``)."""
     NB: tl.constexpr = BLOCK_N // MX_BLOCK
     DTYPE: tl.constexpr = xb.dtype.element_ty
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
@@ -1182,16 +1212,19 @@ def _mx_fwd_tile(
         b_pad = b_pad_bits.to(tl.float32, bitcast=True)
     else:
         b_pad = b_pad_bits.to(tl.int16).to(DTYPE, bitcast=True)
-    a, b = _load_pairs(
-        xb, rl * (2 * n), ob * MX_BLOCK, live, n, n, a_index, b_pad, MX_BLOCK, INTERLEAVED, VEC
-    )
+    if PLAIN_LOADS:
+        xr, jb, rows = tl.minimum(rl, last) * (2 * n), tl.minimum(ob * MX_BLOCK, n - MX_BLOCK), None
+    else:
+        xr, jb, rows = rl * (2 * n), ob * MX_BLOCK, live
+    a, b = _load_pairs(xb, xr, jb, rows, n, n, a_index, b_pad, MX_BLOCK, INTERLEAVED, VEC)
     act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
     act = _round_to_dtype(act, DTYPE, HW_CVT)
     _mx_quantize(
-        act, rl, rows_ok, ob, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m, inv_max, emax,
+        act, rl, rows_ok, dead, ob, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m, inv_max, emax,
         mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT, DTYPE == tl.bfloat16,
+        PLAIN_LOADS,
     )  # fmt: skip
 
 
@@ -1200,7 +1233,7 @@ def swiglu_mx_quant_kernel(
     x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, alpha, limit, glu_bias, b_pad_bits,
     inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
-    PAD_SELECT: tl.constexpr,
+    PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
     SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
@@ -1214,7 +1247,7 @@ def swiglu_mx_quant_kernel(
     ``s1_slots`` are written, so the pad slot of an odd block count comes out as code 0 (the launcher's
     tiles cover it).
     """
-    row0, rl, rows_ok, live, first, s2_base, s2_cols, nonempty = _mx_row_block(
+    row0, rl, rows_ok, live, last, dead, first, s2_base, s2_cols, nonempty = _mx_row_block(
         ends_ptr, m, num_groups, blocks_per_slice, s2_rows, n, GROUPED, GROUP_CHUNK, WIDE
     )
     if not nonempty:
@@ -1230,10 +1263,10 @@ def swiglu_mx_quant_kernel(
     t0 = tl.program_id(1) * tiles_per_program
     for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
         _mx_fwd_tile(
-            xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+            xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, PAD_SELECT,
-            HW_CVT,
+            PLAIN_LOADS, HW_CVT,
         )  # fmt: skip
 
 
@@ -1242,13 +1275,14 @@ def swiglu_mx_quant_kernel(
 
 @triton.jit
 def _mx_bwd_tile(
-    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
     m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr,
-    FAST: tl.constexpr, HW_CVT: tl.constexpr,
+    PLAIN_LOADS: tl.constexpr, FAST: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
-    """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact)."""
+    """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact). Loads as
+    in ``_mx_fwd_tile``."""
     c = 2 * n
     K: tl.constexpr = MX_BLOCK // 2 if INTERLEAVED else MX_BLOCK  # pairs per 32-column output block
     NB: tl.constexpr = BLOCK_N // K
@@ -1258,8 +1292,13 @@ def _mx_bwd_tile(
     blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
     j = blk * K + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
     ok = live & (j < n)
-    a, b = _load_pairs(xb, rl * c, blk * K, live, n, n, a_index, 0.0, K, INTERLEAVED, KVEC)
-    dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
+    if PLAIN_LOADS:
+        xr, jb = tl.minimum(rl, last), tl.minimum(blk * K, n - K)
+        a, b = _load_pairs(xb, xr * c, jb, None, n, n, a_index, 0.0, K, INTERLEAVED, KVEC)
+        dy = _widen(tl.load(dyb + xr * n + jb + _block_cols(K, KVEC)))
+    else:
+        a, b = _load_pairs(xb, rl * c, blk * K, live, n, n, a_index, 0.0, K, INTERLEAVED, KVEC)
+        dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
     ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         ga = tl.where(ok, ga, 0.0)
@@ -1272,9 +1311,9 @@ def _mx_bwd_tile(
             tl.join(tl.where(a_first, ga, gb), tl.where(a_first, gb, ga)), [MX_R4, NB, MX_R8, MX_BLOCK]
         )
         _mx_quantize(
-            v, rl, rows_ok, blk, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
+            v, rl, rows_ok, dead, blk, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
             emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
-            DTYPE == tl.bfloat16,
+            DTYPE == tl.bfloat16, PLAIN_LOADS,
         )  # fmt: skip
     else:
         blk_ok = blk * MX_BLOCK < n
@@ -1287,9 +1326,9 @@ def _mx_bwd_tile(
                 v = gb
                 ob = blk + (1 - a_index) * half_blocks
             _mx_quantize(
-                v, rl, rows_ok, ob, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
+                v, rl, rows_ok, dead, ob, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
                 emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
-                DTYPE == tl.bfloat16,
+                DTYPE == tl.bfloat16, PLAIN_LOADS,
             )  # fmt: skip
     if FAST:
         return tl.max(key)
@@ -1302,7 +1341,7 @@ def swiglu_bwd_mx_quant_kernel(
     x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, alpha, limit, glu_bias,
     inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
-    PAD_SELECT: tl.constexpr,
+    PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, HW_CVT: tl.constexpr,
@@ -1316,7 +1355,7 @@ def swiglu_bwd_mx_quant_kernel(
     ``HW_CVT``: fast reciprocals, and a tile again on the exact path if one may be inexact.
     """
     c = 2 * n
-    row0, rl, rows_ok, live, first, s2_base, s2_cols, nonempty = _mx_row_block(
+    row0, rl, rows_ok, live, last, dead, first, s2_base, s2_cols, nonempty = _mx_row_block(
         ends_ptr, m, num_groups, blocks_per_slice, s2_rows, c, GROUPED, GROUP_CHUNK, WIDE
     )
     if not nonempty:
@@ -1331,9 +1370,10 @@ def swiglu_bwd_mx_quant_kernel(
     worst = tl.zeros((), dtype=tl.uint32)
     for tile in range(t0, t1):
         worst = tl.maximum(worst, _mx_bwd_tile(
-            xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+            xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
-            BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, HW_CVT, HW_CVT,
+            BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, PLAIN_LOADS,
+            HW_CVT, HW_CVT,
         ))  # fmt: skip
     if HW_CVT:
         # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
@@ -1344,8 +1384,8 @@ def swiglu_bwd_mx_quant_kernel(
             _cold_path_marker(worst)
             for tile in range(SPLIT * t0, SPLIT * t1):
                 _mx_bwd_tile(
-                    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, s2_cols,
+                    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
                     m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
                     BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT,
-                    False, HW_CVT,
+                    PLAIN_LOADS, False, HW_CVT,
                 )  # fmt: skip
