@@ -188,9 +188,9 @@ def mx_block_n(backward: bool, aligned: bool, transpose_y2: bool) -> int:
 
 @functools.lru_cache(maxsize=256)
 def padding(glu, dtype: torch.dtype, backward: bool) -> tuple[float, bool]:
-    """``(b_pad, select)``: what the MX kernels load as B on the padding of a tile (pairs past N, rows past
-    the last group; A loads 1.0, dy 0.0), and whether its values must be replaced by zeros with a select
-    (constexpr ``PAD_SELECT``).
+    """``(b_pad, select)``: what the MX kernels' masked loads (not ``plain_loads``) put as B on the padding
+    of a tile (pairs past N, rows past the last group; A loads 1.0, dy 0.0), and whether its values must be
+    replaced by zeros with a select (constexpr ``PAD_SELECT``).
 
     The padding feeds the block amaxes, and the rows past the last group are stored, so it must come out as
     +0.0. The plain SwiGLU gives (1 / (e + 1)) * 0 = +0 by itself; for the clipped variants the GLU's own
