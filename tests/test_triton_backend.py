@@ -386,15 +386,19 @@ def _mx_backend_outputs(impl, x, dy, ends, glu):
     return [t.cpu() for t in fwd + bwd]
 
 
-@pytest.mark.parametrize("glu", [{}, FWD_GLU[1]], ids=["plain", "gpt_oss"])
-def test_mx_plain_loads_read_copies_that_never_reach_an_output(glu, monkeypatch):
+@pytest.mark.parametrize(
+    ("dtype", "glu"),
+    [(torch.bfloat16, {}), (torch.bfloat16, FWD_GLU[1]), (torch.float16, {}), (torch.float32, FWD_GLU[1])],
+    ids=["bf16-plain", "bf16-gpt_oss", "fp16-plain", "fp32-gpt_oss"],
+)
+def test_mx_plain_loads_read_copies_that_never_reach_an_output(dtype, glu, monkeypatch):
     """Where N is a multiple of 32 and the tensors are aligned, the MX kernels load without predicates:
     rows past a block's last row and blocks past N read copies of the block's own values. With groups that
     end and start inside 32-row blocks, an empty group, a tail past the last group end (stored as zeros)
-    and an odd block count (the forward's mxscale1 pad slot), and with NaN / inf / huge values in every row
-    that a padding would have replaced (each group's first row, the tail), both kernels give the
-    reference's outputs (the forward within the near-tie rule of its exp), and the same bytes as the
-    masked loads of the padding."""
+    and an odd block count (the forward's mxscale1 pad slot), and with NaN / inf / the largest finite
+    values in every row that a padding would have replaced (each group's first row, the tail), both
+    kernels give the reference's outputs (the forward within the near-tie rule of its exp), and the same
+    bytes as the masked loads of the padding."""
     from _fwd_oracles import assert_forward_matches
 
     from swiglu_ops.glu import GluParams
@@ -405,10 +409,10 @@ def test_mx_plain_loads_read_copies_that_never_reach_an_output(glu, monkeypatch)
     params = GluParams(clipped=bool(glu), **{k: v for k, v in glu.items()})
     gen = torch.Generator().manual_seed(43)
     ends = torch.tensor([0, 33, 33, 60], device=DEVICE)  # empty group, ends inside blocks, tail [60, 75)
-    x = _randn(1, m, 2 * n, dtype=torch.bfloat16, scale=2.0, gen=gen)
-    dy = _randn(1, m, n, dtype=torch.bfloat16, gen=gen)
+    x = _randn(1, m, 2 * n, dtype=dtype, scale=2.0, gen=gen)
+    dy = _randn(1, m, n, dtype=dtype, gen=gen)
     for r in (33, 60, 61, 74):
-        x[0, r, ::3], x[0, r, 1::5], x[0, r, 2::7] = float("nan"), float("inf"), -3e38
+        x[0, r, ::3], x[0, r, 1::5], x[0, r, 2::7] = float("nan"), float("inf"), -torch.finfo(dtype).max
         dy[0, r, ::4] = float("nan")
     plain = _mx_backend_outputs(triton_backend, x, dy, ends, params)
     want = _mx_backend_outputs(reference_backend, x.cpu(), dy.cpu(), ends.cpu(), params)
