@@ -370,28 +370,36 @@ def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, back
     _check_mx(x_odd, dy, gi, **glu)  # unaligned: masked loads of the padding
 
 
-def _mx_backend_outputs(impl, x, dy, ends, glu):
+def _mx_backend_outputs(impl, x, dy, ends, glu, scale_alg, fmt, round_mode):
     """Both MX operators of ``impl`` (a backend module) on ``[1, M, 2N]`` inputs with the device path's
-    group ends (unvalidated: a tail past the last end is allowed), into fresh buffers: 8 uint8 tensors."""
+    group ends (unvalidated: a tail past the last end is allowed), into fresh buffers: 8 uint8 tensors
+    (the forward in ``fmt``, the backward in E4M3)."""
     m, n = x.shape[-2], x.shape[-1] // 2
     rows = mx.mxscale2_rows(m, ends.numel())
 
-    def buffers(c):
-        shapes = [(1, m, c), (1, m, mx.mxscale1_slots(c)), (1, m, c), (1, rows, c, 2)]
+    def buffers(c, width):
+        shapes = [(1, m, width), (1, m, mx.mxscale1_slots(c)), (1, m, width), (1, rows, c, 2)]
         return [torch.zeros(sh, dtype=torch.uint8, device=x.device) for sh in shapes]
 
-    fwd, bwd = buffers(n), buffers(2 * n)
-    impl.swiglu_mx_quant(x, ends, glu, 1, mx.E4M3FN, "rint", *fwd)
-    impl.swiglu_bwd_mx_quant(x, dy, ends, glu, 1, mx.E4M3FN, *bwd)
+    fwd, bwd = buffers(n, n // 2 if fmt.packed else n), buffers(2 * n, 2 * n)
+    impl.swiglu_mx_quant(x, ends, glu, scale_alg, fmt, round_mode, *fwd)
+    impl.swiglu_bwd_mx_quant(x, dy, ends, glu, scale_alg, mx.E4M3FN, *bwd)
     return [t.cpu() for t in fwd + bwd]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "glu"),
-    [(torch.bfloat16, {}), (torch.bfloat16, FWD_GLU[1]), (torch.float16, {}), (torch.float32, FWD_GLU[1])],
-    ids=["bf16-plain", "bf16-gpt_oss", "fp16-plain", "fp32-gpt_oss"],
+    ("dtype", "glu", "scale_alg", "fmt", "round_mode"),
+    [
+        (torch.bfloat16, {}, 1, mx.E4M3FN, "rint"),
+        (torch.bfloat16, FWD_GLU[1], 0, mx.E4M3FN, "rint"),
+        (torch.float16, {}, 1, mx.E4M3FN, "rint"),
+        (torch.float32, FWD_GLU[1], 0, mx.E2M1, "floor"),
+    ],
+    ids=["bf16-plain-rceil", "bf16-gpt_oss-floor_rule", "fp16-plain-rceil", "fp32-gpt_oss-e2m1"],
 )
-def test_mx_plain_loads_read_copies_that_never_reach_an_output(dtype, glu, monkeypatch):
+def test_mx_plain_loads_read_copies_that_never_reach_an_output(
+    dtype, glu, scale_alg, fmt, round_mode, monkeypatch
+):
     """Where N is a multiple of 32 and the tensors are aligned, the MX kernels load without predicates:
     rows past a block's last row and blocks past N read copies of the block's own values. With groups that
     end and start inside 32-row blocks, an empty group, a tail past the last group end (stored as zeros)
@@ -414,13 +422,14 @@ def test_mx_plain_loads_read_copies_that_never_reach_an_output(dtype, glu, monke
     for r in (33, 60, 61, 74):
         x[0, r, ::3], x[0, r, 1::5], x[0, r, 2::7] = float("nan"), float("inf"), -torch.finfo(dtype).max
         dy[0, r, ::4] = float("nan")
-    plain = _mx_backend_outputs(triton_backend, x, dy, ends, params)
-    want = _mx_backend_outputs(reference_backend, x.cpu(), dy.cpu(), ends.cpu(), params)
-    assert_forward_matches(plain[:4], want[:4], "triton", torch.float8_e4m3fn)
+    args = (params, scale_alg, fmt, round_mode)
+    plain = _mx_backend_outputs(triton_backend, x, dy, ends, *args)
+    want = _mx_backend_outputs(reference_backend, x.cpu(), dy.cpu(), ends.cpu(), *args)
+    assert_forward_matches(plain[:4], want[:4], "triton", fmt.torch_dtype)
     for name, got, w in zip(("y1", "s1", "y2", "s2"), plain[4:], want[4:], strict=True):
         _equal_codes(got, w, f"backward {name}")
     monkeypatch.setattr(triton_backend, "plain_loads", lambda n, aligned: False)
-    masked = _mx_backend_outputs(triton_backend, x, dy, ends, params)
+    masked = _mx_backend_outputs(triton_backend, x, dy, ends, *args)
     for name, got, w in zip(("y1", "s1", "y2", "s2") * 2, plain, masked, strict=True):
         _equal_codes(got, w, f"{name}: plain against masked loads")
 

@@ -1076,10 +1076,10 @@ def _mx_quantize(
     Outside the data ``v`` holds zeros, or with ``COPIES`` (the tiles' plain loads, ``PLAIN_LOADS``) copies
     of the block's own values: rows past the block's last row repeat that row, 32-column blocks past the
     data repeat the last one. A copy of a value already in a block never changes the block's amax, and a
-    copy's own codes and scales are never stored, so two things remain, each one select per block: a
-    block ``dead`` (rows past the last group end: zeros in the spec) takes scale code 0xFF for its codes
-    (:func:`_mx_codes` writes 0x00 for it) and stores scale 0, and an mxscale1 pad slot (a block past the
-    data) stores 0.
+    copy's own codes and scales are never stored, so two things remain: a block ``dead`` (rows past the
+    last group end: zeros in the spec) takes scale code 0xFF for its codes (:func:`_mx_codes` writes 0x00
+    for it; under RCEIL through a NaN ``inv_max``, one scalar select, else one select per block) and
+    stores scale 0, and an mxscale1 pad slot (a block past the data) stores 0.
 
     From the same registers: the row-wise blocks (axis 3: 32 columns of a row -> y1, mxscale1 slot ``ob``)
     and the column-wise blocks (axes 0 and 2: the 32 rows of a column, zero padded -> y2, mxscale2 at
@@ -1106,11 +1106,14 @@ def _mx_quantize(
         amax1 = tl.max(mag, axis=3)
         amax2 = tl.max(tl.max(mag, axis=0), axis=1)
     # Row-wise: 32 consecutive columns of one row.
+    if COPIES and SCALE_ALG == 1:  # RCEIL: a NaN multiplier makes every code of a dead block 0xFF
+        inv_max = tl.where(dead, float("nan"), inv_max)
     code1, recip1 = _scale_code(amax1, inv_max, emax, SCALE_ALG, FP4)  # [R4, NB, R8]
     s1_code = code1[:, :, :, None]
     if COPIES:
         s1_code = tl.where(dead | (ob * MX_BLOCK >= width), 0, s1_code)
-        code1 = tl.where(dead, 0xFF, code1)
+        if SCALE_ALG == 0:
+            code1 = tl.where(dead, 0xFF, code1)
     y1 = _mx_codes(
         v, recip1[:, :, :, None], code1[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT, True
     )
@@ -1119,7 +1122,7 @@ def _mx_quantize(
     # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
     # rows (axis 0) first, then the lanes' (axis 2 before, 1 after the first reduction).
     code2, recip2 = _scale_code(amax2, inv_max, emax, SCALE_ALG, FP4)  # [NB, 32]
-    if COPIES:
+    if COPIES and SCALE_ALG == 0:
         code2 = tl.where(dead, 0xFF, code2)
     y2 = _mx_codes(
         v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT,
