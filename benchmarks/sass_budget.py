@@ -66,15 +66,16 @@ ELEMENTWISE_BUDGET = 50.0
 
 #: What tests/test_triton_sass_budget.py holds today: per kernel (and direction), the largest count on the
 #: budgeted path measured for this commit, rounded up. Both MX kernels meet their target in the CANN
-#: defaults and the GPT-OSS variants, and every elementwise kernel meets its own; the transpose_y2 and fp32
-#: GPT-OSS variants of the quantizers do not (docs/triton_backend.md, Budgets, says why). These ceilings
-#: keep the counts from growing back, and go down with every kernel change that lowers them.
+#: defaults and the GPT-OSS variants (bf16, fp16), and every elementwise kernel meets its own; the
+#: transpose_y2 and fp32 GPT-OSS variants of the quantizers do not (docs/triton_backend.md, Budgets, says
+#: why). These ceilings keep the counts from growing back, and go down with every kernel change that lowers
+#: them.
 CEILINGS = {
     "group_grad": 47.0,
     "clipped_swiglu.fwd": 39.0,
     "clipped_swiglu.bwd": 50.0,
     "mx_quant": 43.0,
-    "bwd_mx_quant": 54.0,
+    "bwd_mx_quant": 53.0,
 }
 
 

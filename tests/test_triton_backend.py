@@ -645,12 +645,14 @@ def test_hw_conversions_are_opt_in(monkeypatch):
 def _hw_path_cases():
     """Every kernel on inputs that reach each key of the fast path (huge negative gates: subnormal
     sigmoids; +-inf and NaN gates and ups; clamp boundaries; values for the clamp_mode-1 quotient),
-    both layouts, GLU variants and formats: (name, call, the MX forward's code format or None)."""
+    both layouts, GLU variants and formats: (name, call, the MX forward's code format or None). On a GPU
+    also fp16, whose MX amax takes the float max there (in the interpreter both paths take the integer
+    one)."""
     gen = torch.Generator().manual_seed(23)
     specials = torch.tensor([torch.nan, torch.inf, -torch.inf, -90.0, -87.5, 7.0, -7.0, 1e30, -1e-30])
     ops, gpt_oss = torch.ops.swiglu_ops, {"limit": 7.0, "alpha": 1.702, "bias": 1.0}
     cases = []
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16, torch.float32) + ((torch.float16,) if HAS_CUDA else ()):
         rows, half, k = 9, 40, len(specials)
         x = _randn(rows, 2 * half, dtype=dtype, scale=4.0, gen=gen).cpu()
         x[0, :k] = specials.to(dtype)

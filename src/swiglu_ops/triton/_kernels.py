@@ -308,6 +308,11 @@ def _max_combine(a, b):
     return tl.maximum(a, b)
 
 
+@triton.jit
+def _max_nan_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
 # ----------------------------------------------------------------------- the GLU family: the math
 
 
@@ -1101,6 +1106,12 @@ def _mx_quantize(
         y_off = rl * width + col
     if BF16:  # two columns per register
         amax1, amax2 = _amax_bf16x2(bits)
+    elif HW_CVT and not _INTERPRETED:
+        # A NaN-propagating float max of |v| (the abs is an operand modifier of FMNMX: no instruction of its
+        # own): the same bits, except a NaN block's amax is the canonical NaN (its scale code is 0xFF too).
+        mag = tl.abs(v)
+        amax1 = tl.reduce(mag, 3, _max_nan_combine).to(tl.int32, bitcast=True)
+        amax2 = tl.reduce(tl.reduce(mag, 0, _max_nan_combine), 1, _max_nan_combine).to(tl.int32, bitcast=True)
     else:
         mag = bits & 0x7FFFFFFF
         amax1 = tl.max(mag, axis=3)
