@@ -1066,6 +1066,18 @@ def _amax_bf16x2(bits):
 
 
 @triton.jit
+def _tile_edges(rl, last, jb, n, K: tl.constexpr, PLAIN_LOADS: tl.constexpr):
+    """The rows and the first pairs of K-pair blocks that an MX tile loads: with ``PLAIN_LOADS`` the rows
+    past the block's ``last`` row read that row again and the blocks past N the last block (copies:
+    ``_mx_quantize``'s ``COPIES``), so that every address exists and the loads need no mask; else the rows
+    ``rl`` and blocks ``jb`` themselves, whose loads are masked to the padding."""
+    if PLAIN_LOADS:
+        return tl.minimum(rl, last), tl.minimum(jb, n - K)
+    else:
+        return rl, jb
+
+
+@triton.jit
 def _mx_quantize(
     v, rl, rows_ok, dead, ob, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
     inv_max, emax, mbits, bias, max_code,
@@ -1226,11 +1238,9 @@ def _mx_fwd_tile(
         b_pad = b_pad_bits.to(tl.float32, bitcast=True)
     else:
         b_pad = b_pad_bits.to(tl.int16).to(DTYPE, bitcast=True)
-    if PLAIN_LOADS:
-        xr, jb, rows = tl.minimum(rl, last) * (2 * n), tl.minimum(ob * MX_BLOCK, n - MX_BLOCK), None
-    else:
-        xr, jb, rows = rl * (2 * n), ob * MX_BLOCK, live
-    a, b = _load_pairs(xb, xr, jb, rows, n, n, a_index, b_pad, MX_BLOCK, INTERLEAVED, VEC)
+    xr, jb = _tile_edges(rl, last, ob * MX_BLOCK, n, MX_BLOCK, PLAIN_LOADS)
+    rows = None if PLAIN_LOADS else live
+    a, b = _load_pairs(xb, xr * (2 * n), jb, rows, n, n, a_index, b_pad, MX_BLOCK, INTERLEAVED, VEC)
     act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
@@ -1304,15 +1314,16 @@ def _mx_bwd_tile(
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
     KVEC: tl.constexpr = VEC // 2 if INTERLEAVED else VEC  # pairs per thread and row
     blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
-    j = blk * K + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
+    xr, jb = _tile_edges(rl, last, blk * K, n, K, PLAIN_LOADS)
+    j = jb + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
     ok = live & (j < n)
+    a, b = _load_pairs(
+        xb, xr * c, jb, None if PLAIN_LOADS else live, n, n, a_index, 0.0, K, INTERLEAVED, KVEC
+    )
     if PLAIN_LOADS:
-        xr, jb = tl.minimum(rl, last), tl.minimum(blk * K, n - K)
-        a, b = _load_pairs(xb, xr * c, jb, None, n, n, a_index, 0.0, K, INTERLEAVED, KVEC)
         dy = _widen(tl.load(dyb + xr * n + jb + _block_cols(K, KVEC)))
     else:
-        a, b = _load_pairs(xb, rl * c, blk * K, live, n, n, a_index, 0.0, K, INTERLEAVED, KVEC)
-        dy = _widen(tl.load(dyb + rl * n + j, mask=ok, other=0.0))
+        dy = _widen(tl.load(dyb + xr * n + j, mask=ok, other=0.0))
     ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         ga = tl.where(ok, ga, 0.0)
