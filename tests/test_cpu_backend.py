@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import multiprocessing
 import os
 import subprocess
@@ -87,6 +88,8 @@ def test_sigmoid_table_is_within_two_ulp_of_the_sigmoid_with_a_correctly_rounded
         ("GLU_SIG", 1.702, 7.0),
         ("GLU_SIG", 2.5, float("inf")),
         ("SILU_MIN", 1.0, 7.0),
+        ("SILU_DERIV", 1.0, float("inf")),
+        ("SILU_DERIV", 1.0, 7.0),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -95,6 +98,23 @@ def test_activation_tables_are_identical_on_every_instruction_set(kind, alpha, l
     tables = {isa: cpu_backend.act_table(code, dtype, alpha, limit, isa=isa) for isa in ISAS}
     for isa, table in tables.items():
         assert_bitwise_equal(table, tables["portable"], f"{kind} table, {isa}")
+
+
+@pytest.mark.parametrize("limit", [float("inf"), 7.0])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_silu_derivative_table_is_group_grads_formula_on_the_sigmoid_table(dtype, limit):
+    """SWIGLU_ACT_SILU_DERIV (swiglu_group_grad's (silu, silu') of the clamped gate, read by the AVX2 and
+    portable kernels instead of the sigmoid table plus arithmetic) holds, for every bit pattern, exactly
+    swiglu_group_grad.md section 3's fp32 operations on the sigmoid table's value."""
+    pairs = cpu_backend.act_table(LIB.SWIGLU_ACT_SILU_DERIV, dtype, 1.0, limit).view(-1, 2)
+    s = cpu_backend.act_table(LIB.SWIGLU_ACT_SIGMOID, dtype, 1.0, limit)
+    g = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    g = torch.where(g > limit, torch.tensor(limit), g)  # min(g, clamp), NaN kept
+    f = torch.where(g == -math.inf, torch.zeros(()), g * s)
+    sp = torch.where(g.isinf(), s, (s + f) - f * s)
+    assert_exact(pairs[:, 0].contiguous(), f, "silu")  # the table's NaNs are canonical (every ISA the same)
+    assert_exact(pairs[:, 1].contiguous(), sp, "silu'")
+    assert float(pairs[:, 1][g == 0.5].max()) > 0.5  # the table is not degenerate
 
 
 @pytest.mark.parametrize(("dtype", "subnormals"), [("BF16", 2 * 127), ("FP16", 2 * 1023)])

@@ -308,9 +308,10 @@ def act_table(
     kind: int, dtype: torch.dtype, alpha: float = 1.0, limit: float = math.inf, isa: str = ""
 ) -> torch.Tensor:
     """The activation table of a 16-bit dtype as the kernels of ``isa`` (default: the running one) build
-    it; for tests comparing instruction sets."""
+    it; for tests comparing instruction sets. SWIGLU_ACT_SILU_DERIV's table holds two floats per bit pattern
+    (interleaved: [65536, 2])."""
     lib = LIBRARY.lib
-    out = torch.empty(1 << 16, dtype=torch.float32)
+    out = torch.empty((1 << 16) * (2 if kind == lib.SWIGLU_ACT_SILU_DERIV else 1), dtype=torch.float32)
     code = getattr(lib, f"SWIGLU_ISA_{isa.upper()}") if isa else LIBRARY.isa_code
     lib.swiglu_act_table(kind, _dtype(torch.empty(0, dtype=dtype)), alpha, limit, _ptr(out, "float *"), code)
     return out

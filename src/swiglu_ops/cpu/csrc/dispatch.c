@@ -275,7 +275,7 @@ const float *swiglu_act_table_get(int kind, int dt, float alpha, float limit, ac
             tables.entry[i].limit == lb)
             found = tables.entry[i].table;
     if (found == NULL && tables.n < MAX_TABLES) {
-        float *t = malloc(sizeof(float) * 65536);
+        float *t = malloc(sizeof(float) * 65536 * ACT_WIDTH(kind));
         if (t != NULL) {
             build(kind, dt, alpha, limit, t);
             tables.entry[tables.n].kind = kind;

@@ -37,7 +37,7 @@ INLINE int act_with_table(act_fn *f, int dt, float **owned) {
     *owned = NULL;
     if (dt == SWIGLU_FP32) return 1;
     f->table = swiglu_act_table_get(f->kind, dt, f->alpha, f->limit, FN(act_build));
-    if (f->table == NULL && (*owned = malloc(sizeof(float) * 65536)) != NULL) {
+    if (f->table == NULL && (*owned = malloc(sizeof(float) * 65536 * ACT_WIDTH(f->kind))) != NULL) {
         FN(act_build)(f->kind, dt, f->alpha, f->limit, *owned);
         f->table = *owned;
     }
@@ -143,12 +143,9 @@ INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, vu g_bits, vf u, vf w, vf
         g = v_minc(g, clamp);
         u = v_maxc(v_minc(u, clamp), v_neg(clamp));
     }
-    const vf s = act(&c->act, g, g_bits, dt); /* sigmoid(min(g, clamp)) */
-    const vm ninf = v_eq(g, v_set(-INFINITY));
-    const vm inf = m_or(ninf, v_eq(g, v_set(INFINITY)));
-    const vf f = v_sel(ninf, zero, v_mul(g, s)); /* 0 at g = -inf (not -inf * 0 = NaN) */
-    vf sp = v_sub(v_add(s, f), v_mul(f, s));
-    sp = v_sel(inf, s, sp); /* silu' is 1 at +inf, 0 at -inf: exactly s there */
+    vf f, sp; /* silu(min(g, clamp)) and its derivative */
+    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) v_lookup2(c->act.table, g_bits, &f, &sp);
+    else silu_deriv(g, act(&c->act, g, g_bits, dt), &f, &sp);
     vf dgv = v_mul(v_mul(v_mul(dy, sp), u), w);
     vf duv = v_mul(v_mul(dy, f), w);
     if (has_clamp) {
@@ -226,7 +223,6 @@ typedef struct {
 INLINE void glu_prefetch(const char *xn, const char *dyn, const char *yon, int64_t half, int64_t p, const int inter,
                          const int dt) {
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2;
-    if (es == 2 && (p & 16) != 0) return;
     if (inter) {
         __builtin_prefetch(xn + 2 * p * es, 0, 3);
         __builtin_prefetch(xn + 2 * p * es + 64, 0, 3);
@@ -277,17 +273,24 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
         char *out = (char *)a->out + r * (op == SWIGLU_OP_CLIPPED_FWD ? half : a->cols) * es;
         const int masked = r >= a->valid_rows;
         const vf w = v_set(a->weight != NULL ? a->weight[r] : 1.0f); /* times 1 == skipping it */
-        /* the next row, if any (p0 == 0: the task computes grad_weight, which reads y_origin's whole row) */
-        const int next = r + 1 < a->rows;
-        const char *xn = x + a->cols * es;
-        const char *dyn = next && op != SWIGLU_OP_CLIPPED_FWD ? dy + half * es : NULL;
-        const char *yon = next && op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0
-                              ? (const char *)a->y_origin + (r + 1) * half * es
+        /* the next row (the last one: itself again, already in cache; p0 == 0: the task computes
+           grad_weight, which reads y_origin's whole row), one prefetch per 64 bytes of dy */
+        const int64_t rn = r + 1 < a->rows ? r + 1 : r;
+        const char *xn = (const char *)a->x + rn * a->cols * es;
+        const char *dyn = op != SWIGLU_OP_CLIPPED_FWD ? (const char *)a->dy + rn * half * es : NULL;
+        const char *yon = op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0
+                              ? (const char *)a->y_origin + rn * half * es
                               : NULL;
+        const int64_t steps = es == 2 ? 2 : 1; /* steps of 16 pairs per prefetch */
         int64_t p = p0;
-        for (; p + 16 <= p1; p += 16) {
-            if (next) glu_prefetch(xn, dyn, yon, half, p, inter, dt);
+        for (; p + 16 * steps <= p1; p += 16 * steps) {
+            glu_prefetch(xn, dyn, yon, half, p, inter, dt);
+            for (int64_t k = 0; k < steps; k++)
+                glu_step(&c, x, dy, out, half, p + 16 * k, m_all(), w, clamp, masked, a_index, op, dt, inter, flag);
+        }
+        if (p + 16 <= p1) {
             glu_step(&c, x, dy, out, half, p, m_all(), w, clamp, masked, a_index, op, dt, inter, flag);
+            p += 16;
         }
         if (p < p1) glu_step(&c, x, dy, out, half, p, m_lanes(p1 - p), w, clamp, masked, a_index, op, dt, inter, flag);
         if (op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0) /* never masked */
@@ -347,8 +350,9 @@ static void FN(glu_task)(const void *ctx, int64_t t) {
 
 static int FN(glu_run_impl)(const swiglu_glu_args *a, int n_threads) {
     glu_job job = {.a = a};
-    if (a->op == SWIGLU_OP_GROUP_GRAD) { /* sigmoid(min(g, clamp)): the clamp is the only limit */
-        job.act = (act_fn){NULL, SWIGLU_ACT_SIGMOID, 1.0f, a->clamp > 0 ? a->clamp : INFINITY};
+    if (a->op == SWIGLU_OP_GROUP_GRAD) { /* of min(g, clamp): the clamp is the only limit */
+        const int pairs = a->dtype != SWIGLU_FP32 && SIMD_TABLE_PAIRS;
+        job.act = (act_fn){NULL, pairs ? SWIGLU_ACT_SILU_DERIV : SWIGLU_ACT_SIGMOID, 1.0f, a->clamp > 0 ? a->clamp : INFINITY};
         job.act2 = job.act;
     } else {
         glu_acts(&a->glu, a->op == SWIGLU_OP_CLIPPED_BWD, &job.act, &job.act2);

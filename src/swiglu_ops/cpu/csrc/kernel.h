@@ -35,6 +35,8 @@ void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads
 /* The activation tables (dispatch.c): the table of (kind, dtype, alpha, limit), built by ``build`` on first
    use and kept; NULL if it could not be allocated. */
 typedef void (*act_builder)(int kind, int dt, float alpha, float limit, float *out);
+/* Floats per input bit pattern in the table of ``kind``: two for SWIGLU_ACT_SILU_DERIV, else one. */
+#define ACT_WIDTH(kind) ((kind) == SWIGLU_ACT_SILU_DERIV ? 2 : 1)
 const float *swiglu_act_table_get(int kind, int dt, float alpha, float limit, act_builder build);
 
 /* Each instruction set's build of the kernels (kernels_<isa>.c). */

@@ -12,7 +12,13 @@ void FN(act_build)(int kind, int dt, float alpha, float limit, float *out) {
     for (uint32_t i = 0; i < 65536; i += 16) {
         const vu bits = u_add(u_set(i), u_iota());
         const vf a = dt == SWIGLU_BF16 ? widen(bits, SWIGLU_BF16) : widen(bits, SWIGLU_FP16);
-        v_storef(out + i, act_eval(a, kind, alpha, limit), m_all());
+        if (kind == SWIGLU_ACT_SILU_DERIV) { /* (f, silu') of min(a, limit), interleaved, NaNs canonical */
+            vf f, sp;
+            silu_deriv(v_minc(a, v_set(limit)), act_eval(a, SWIGLU_ACT_SIGMOID, alpha, limit), &f, &sp);
+            u_store32_pairs((uint32_t *)out + 2 * i, narrow(f, SWIGLU_FP32), narrow(sp, SWIGLU_FP32), m_all());
+        } else {
+            v_storef(out + i, act_eval(a, kind, alpha, limit), m_all());
+        }
     }
 }
 

@@ -120,6 +120,16 @@ HEAVY vf act_eval(vf a, int kind, float alpha, float limit) {
     }
 }
 
+/* swiglu_group_grad's functions of its gate g (the clamp already applied; swiglu_group_grad.md 3), from
+   s = sigmoid(g): f = silu(g) = g * s, 0 at g = -inf (not -inf * 0 = NaN), and silu'(g) = (s + f) - f * s,
+   exactly s at g = +-inf (1 and 0). SWIGLU_ACT_SILU_DERIV tables hold (f, silu') of every 16-bit g. */
+INLINE void silu_deriv(vf g, vf s, vf *f, vf *sp) {
+    const vm ninf = v_eq(g, v_set(-INFINITY));
+    const vm inf = m_or(ninf, v_eq(g, v_set(INFINITY)));
+    *f = v_sel(ninf, v_zero(), v_mul(g, s));
+    *sp = v_sel(inf, s, v_sub(v_add(s, *f), v_mul(*f, s)));
+}
+
 /* An activation of stored inputs: from the table for 16-bit dtypes (indexed by the input's bits), computed
    for fp32. */
 typedef struct {

@@ -164,7 +164,18 @@ INLINE void st32_half(uint32_t *p, __m256i a, __m256i m) {
 }
 INLINE vu u_load16(const uint16_t *p, vm m) { return (vu){ld16_half(p, m.lo), ld16_half(p + 8, m.hi)}; }
 INLINE vu u_load32(const uint32_t *p, vm m) { return (vu){ld32_half(p, m.lo), ld32_half(p + 8, m.hi)}; }
+/* 16 32-bit lanes' low 16 bits, in order (``small``: known to be < 65536). */
+INLINE __m256i pack16(vu a, const int small) {
+    __m256i lo = a.lo, hi = a.hi;
+    if (!small) lo = _mm256_and_si256(lo, SPLAT8(0xFFFF)), hi = _mm256_and_si256(hi, SPLAT8(0xFFFF));
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+}
+/* Lanes hold 16-bit values (< 65536: the stored bits of every caller). */
 INLINE void u_store16(uint16_t *p, vu a, vm m) {
+    if ((m_bits8(m.lo) & m_bits8(m.hi)) == 0xFF) { /* one pack and one store for all 16 */
+        _mm256_storeu_si256((__m256i *)p, pack16(a, 1));
+        return;
+    }
     st16_half(p, a.lo, m.lo);
     st16_half(p + 8, a.hi, m.hi);
 }
@@ -200,6 +211,26 @@ INLINE __m256 lookup8(const float *t, __m256i idx) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(a), b, 1);
 }
 INLINE vf v_lookup(const float *table, vu idx) { return (vf){lookup8(table, idx.lo), lookup8(table, idx.hi)}; }
+/* (table[2 idx], table[2 idx + 1]) in every lane: one 8-byte load per lane, then two shuffles per 8 lanes. */
+INLINE __m128 ld_entry2(const float *t, uint32_t i, uint32_t j) { /* (t[2i], t[2i+1], t[2j], t[2j+1]) */
+    const __m128 a = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(t + 2 * (size_t)i)));
+    return _mm_loadh_pi(a, (const __m64 *)(t + 2 * (size_t)j));
+}
+INLINE void lookup8x2(const float *t, __m256i idx, __m256 *a, __m256 *b) {
+    _Alignas(32) uint32_t k[8];
+    _mm256_store_si256((__m256i *)k, idx);
+    __asm__("" : "+m"(k)); /* read the indices back as scalars (GCC would extract each: 2 uops apiece) */
+    const __m256 x = _mm256_insertf128_ps(_mm256_castps128_ps256(ld_entry2(t, k[0], k[1])), ld_entry2(t, k[4], k[5]), 1);
+    const __m256 y = _mm256_insertf128_ps(_mm256_castps128_ps256(ld_entry2(t, k[2], k[3])), ld_entry2(t, k[6], k[7]), 1);
+    *a = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+    *b = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+}
+INLINE void v_lookup2(const float *table, vu idx, vf *a, vf *b) {
+    lookup8x2(table, idx.lo, &a->lo, &b->lo);
+    lookup8x2(table, idx.hi, &a->hi, &b->hi);
+}
+/* Two-float table entries are cheaper than the arithmetic they replace (their loads cost what one float's do). */
+#define SIMD_TABLE_PAIRS 1
 /* 16 consecutive 32-bit elements (8 pairs) as their even and odd ones. */
 INLINE void deinterleave8(__m256i x0, __m256i x1, __m256i *even, __m256i *odd) {
     const __m256 a = CASTF(x0), b = CASTF(x1);
@@ -452,12 +483,6 @@ INLINE vw w_max(vw a, vw b) { return W2(_mm256_max_epu16, a, b); }
 INLINE vw w_minz(vwm m, vw a, vw b) { /* m ? min(a, b) : 0 */
     const vw x = w_min(a, b);
     return (vw){_mm256_and_si256(m.lo, x.lo), _mm256_and_si256(m.hi, x.hi)};
-}
-/* 16 32-bit lanes' low 16 bits, in order (``small``: known to be < 65536). */
-INLINE __m256i pack16(vu a, const int small) {
-    __m256i lo = a.lo, hi = a.hi;
-    if (!small) lo = _mm256_and_si256(lo, SPLAT8(0xFFFF)), hi = _mm256_and_si256(hi, SPLAT8(0xFFFF));
-    return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
 }
 /* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
 INLINE vw w_pack(vu lo, vu hi) { return (vw){pack16(lo, 0), pack16(hi, 0)}; }

@@ -106,6 +106,12 @@ INLINE void v_storef(float *p, vf a, vm m) {
 }
 /* table[idx] in every lane (the activation tables). */
 INLINE vf v_lookup(const float *table, vu idx) { return _mm512_i32gather_ps(idx, table, 4); }
+INLINE void v_lookup2(const float *table, vu idx, vf *a, vf *b) {
+    *a = _mm512_i32gather_ps(idx, table, 8);
+    *b = _mm512_i32gather_ps(idx, table + 1, 8);
+}
+/* A second gather per 16 lanes costs about what the arithmetic it would replace does: one-float tables. */
+#define SIMD_TABLE_PAIRS 0
 /* Lanes of pairs -> lanes of elements: bit i of the 8-bit ``m`` becomes bits 2i and 2i + 1. */
 INLINE vm m_pairs(unsigned m) {
     m &= 0xFF;

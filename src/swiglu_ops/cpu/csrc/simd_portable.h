@@ -197,6 +197,13 @@ HEAVY vf v_lookup(const float *table, vu idx) {
     FOR_LANES r[i_] = table[idx[i_]];
     return r;
 }
+HEAVY void v_lookup2(const float *table, vu idx, vf *a, vf *b) {
+    vf x, y;
+    FOR_LANES x[i_] = table[2 * (size_t)idx[i_]], y[i_] = table[2 * (size_t)idx[i_] + 1];
+    *a = x;
+    *b = y;
+}
+#define SIMD_TABLE_PAIRS 1
 HEAVY void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {
     vu e = u_zero(), o = u_zero();
     FOR_LANES if (m[i_]) {

@@ -25,6 +25,7 @@
 #define SWIGLU_ACT_GLU 1
 #define SWIGLU_ACT_GLU_SIG 2
 #define SWIGLU_ACT_SILU_MIN 3
+#define SWIGLU_ACT_SILU_DERIV 4 /* two floats per input: (silu, silu') of swiglu_group_grad */
 
 /* MX element formats and FP4 round modes */
 #define SWIGLU_FMT_E4M3 0
