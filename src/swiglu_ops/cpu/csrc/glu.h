@@ -59,19 +59,19 @@ INLINE glu_consts glu_setup(const swiglu_glu *g, const act_fn *act, const act_fn
 INLINE vf clip(const glu_consts *c, vf b) { return v_maxc(v_minc(b, c->limit), c->nlimit); }
 
 /* Forward: the activation output in fp32. ``clipped`` and ``mode`` are constants of the caller. */
-INLINE vf glu_fwd(const glu_consts *c, vf a, vu a_bits, vf b, const int clipped, const int mode, const int dt) {
-    const vf glu = act(&c->act, a, a_bits, dt);
+INLINE vf glu_fwd(const glu_consts *c, vf a, act_idx ai, vf b, const int clipped, const int mode, const int dt) {
+    const vf glu = act(&c->act, a, ai, dt);
     if (!clipped) return v_mul(glu, b);                   /* (A / (exp(-A) + 1)) * B */
     if (mode == 0) return v_mul(glu, v_add(clip(c, b), c->bias)); /* glu * (clip(B) + bias) */
     return v_mul(glu, clip(c, b));                        /* min(silu(A), L) * clip(B) */
 }
 
 /* Backward: (grad A, grad B) in fp32. */
-INLINE void glu_bwd(const glu_consts *c, vf a, vu a_bits, vf b, vf dy, const int clipped, const int mode,
+INLINE void glu_bwd(const glu_consts *c, vf a, act_idx ai, vf b, vf dy, const int clipped, const int mode,
                     const int dt, vf *ga, vf *gb) {
     const vf one = v_set(1.0f), zero = v_zero();
     if (!clipped) { /* swiglu_backward_mx_quant.md 2.2 */
-        const vf s = act(&c->act, a, a_bits, dt);
+        const vf s = act(&c->act, a, ai, dt);
         const vf t = v_add(v_mul(v_add(v_neg(s), one), a), one);
         *ga = v_mul(v_mul(v_mul(t, b), s), dy);
         *gb = v_mul(v_mul(s, dy), a);
@@ -82,7 +82,7 @@ INLINE void glu_bwd(const glu_consts *c, vf a, vu a_bits, vf b, vf dy, const int
     vm a_ok;
     if (mode == 0) { /* clipped_swiglu.md 4 */
         const vf at = v_minc(a, c->limit);
-        const vf s = act(&c->act, a, a_bits, dt); /* (A~ * 0 + 1) / (exp(A~ * -alpha) + 1) */
+        const vf s = act(&c->act, a, ai, dt); /* (A~ * 0 + 1) / (exp(A~ * -alpha) + 1) */
         const vf bp = v_add(clip(c, b), c->bias);
         db = v_mul(v_mul(dy, at), s);
         vf t = v_add(v_mul(s, v_set(-1.0f)), one);
@@ -90,8 +90,8 @@ INLINE void glu_bwd(const glu_consts *c, vf a, vu a_bits, vf b, vf dy, const int
         da = v_mul(t, dy);
         a_ok = v_le(a, c->limit);
     } else { /* the clamp_mode-1 extension, clipped_swiglu.md 10 */
-        const vf s = act(&c->act, a, a_bits, dt);     /* 1 / (exp(-A) + 1) */
-        const vf silu = act(&c->act2, a, a_bits, dt); /* A / (exp(-A) + 1) */
+        const vf s = act(&c->act, a, ai, dt);     /* 1 / (exp(-A) + 1) */
+        const vf silu = act(&c->act2, a, ai, dt); /* A / (exp(-A) + 1) */
         db = v_mul(dy, v_minc(silu, c->limit));
         vf t = v_add(v_mul(v_add(v_mul(s, v_set(-1.0f)), one), a), one);
         t = v_mul(v_mul(t, s), clip(c, b));
@@ -133,7 +133,7 @@ INLINE void st_ab(void *row, int64_t half, int64_t p, vu a, vu b, const int inte
 
 /* 16 pairs of one row of SwigluGroupGrad (swiglu_group_grad.md section 3): masked multiplies stand for the
    spec's 0/1-mask products (a masked inf/NaN stays NaN, zeros keep their sign). */
-INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, vu g_bits, vf u, vf w, vf clamp, int masked_row,
+INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, act_idx gi, vf u, vf w, vf clamp, int masked_row,
                      const int has_clamp, const int dt, vf *dg, vf *du) {
     const vf zero = v_zero();
     vm m_g = m_all(), m_u = m_all();
@@ -144,8 +144,8 @@ INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, vu g_bits, vf u, vf w, vf
         u = v_maxc(v_minc(u, clamp), v_neg(clamp));
     }
     vf f, sp; /* silu(min(g, clamp)) and its derivative */
-    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) v_lookup2(c->act.table, g_bits, &f, &sp);
-    else silu_deriv(g, act(&c->act, g, g_bits, dt), &f, &sp);
+    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) v_lookup2(c->act.table, gi.bits, gi.src, gi.stride, &f, &sp);
+    else silu_deriv(g, act(&c->act, g, gi, dt), &f, &sp);
     vf dgv = v_mul(v_mul(v_mul(dy, sp), u), w);
     vf duv = v_mul(v_mul(dy, f), w);
     if (has_clamp) {
@@ -234,11 +234,11 @@ INLINE void glu_prefetch(const char *xn, const char *dyn, const char *yon, int64
     if (yon != NULL) __builtin_prefetch(yon + p * es, 0, 3);
 }
 
-/* One step of a GLU row: 16 pairs from pair ``p`` (``m``: the pairs that exist; a constant full mask gives
-   plain loads and stores). */
+/* One step of a GLU row: 16 pairs from pair ``p`` (``m``: the pairs that exist; ``full``, a constant: all 16,
+   with the constant full mask, which gives plain loads and stores). */
 INLINE void glu_step(const glu_consts *c, const char *x, const char *dy, char *out, int64_t half, int64_t p, vm m,
-                     vf w, vf clamp, int masked, int a_index, const int op, const int dt, const int inter,
-                     const int flag) {
+                     const int full, vf w, vf clamp, int masked, int a_index, const int op, const int dt,
+                     const int inter, const int flag) {
     if (op != SWIGLU_OP_GROUP_GRAD && masked) { /* the clipped ops: +0.0, not computed */
         if (op == SWIGLU_OP_CLIPPED_FWD) st_bits(out, p, u_zero(), dt, m);
         else st_ab(out, half, p, u_zero(), u_zero(), inter, a_index, dt, m);
@@ -247,14 +247,16 @@ INLINE void glu_step(const glu_consts *c, const char *x, const char *dy, char *o
     vu ab, bb;
     ld_ab(x, half, p, inter, a_index, dt, m, &ab, &bb);
     const vf av = widen(ab, dt), bv = widen(bb, dt);
+    const uint16_t *as = (const uint16_t *)x + (inter ? 2 * p + a_index : p + a_index * half); /* A's bits */
+    const act_idx ai = {ab, full && dt != SWIGLU_FP32 ? as : NULL, inter ? 2 : 1};
     if (op == SWIGLU_OP_CLIPPED_FWD) {
-        st(out, p, glu_fwd(c, av, ab, bv, 1, flag, dt), dt, m);
+        st(out, p, glu_fwd(c, av, ai, bv, 1, flag, dt), dt, m);
         return;
     }
     const vf dyv = ld(dy, p, dt, m);
     vf ga, gb;
-    if (op == SWIGLU_OP_CLIPPED_BWD) glu_bwd(c, av, ab, bv, dyv, 1, flag, dt, &ga, &gb);
-    else gg_pairs(c, dyv, av, ab, bv, w, clamp, masked, flag, dt, &ga, &gb);
+    if (op == SWIGLU_OP_CLIPPED_BWD) glu_bwd(c, av, ai, bv, dyv, 1, flag, dt, &ga, &gb);
+    else gg_pairs(c, dyv, av, ai, bv, w, clamp, masked, flag, dt, &ga, &gb);
     st_ab(out, half, p, narrow(ga, dt), narrow(gb, dt), inter, a_index, dt, m);
 }
 
@@ -286,13 +288,13 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
         for (; p + 16 * steps <= p1; p += 16 * steps) {
             glu_prefetch(xn, dyn, yon, half, p, inter, dt);
             for (int64_t k = 0; k < steps; k++)
-                glu_step(&c, x, dy, out, half, p + 16 * k, m_all(), w, clamp, masked, a_index, op, dt, inter, flag);
+                glu_step(&c, x, dy, out, half, p + 16 * k, m_all(), 1, w, clamp, masked, a_index, op, dt, inter, flag);
         }
         if (p + 16 <= p1) {
-            glu_step(&c, x, dy, out, half, p, m_all(), w, clamp, masked, a_index, op, dt, inter, flag);
+            glu_step(&c, x, dy, out, half, p, m_all(), 1, w, clamp, masked, a_index, op, dt, inter, flag);
             p += 16;
         }
-        if (p < p1) glu_step(&c, x, dy, out, half, p, m_lanes(p1 - p), w, clamp, masked, a_index, op, dt, inter, flag);
+        if (p < p1) glu_step(&c, x, dy, out, half, p, m_lanes(p1 - p), 0, w, clamp, masked, a_index, op, dt, inter, flag);
         if (op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0) /* never masked */
             a->grad_weight[r] = 0.0f + FN(gg_pairwise)(dy, (const char *)a->y_origin + r * half * es, half, dt);
     }

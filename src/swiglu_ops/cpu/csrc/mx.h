@@ -38,9 +38,10 @@ typedef struct {
 /* The stage-1 results of 16 pairs of a row, in fp32: the forward's in *ya (+0 in the lanes past the pairs),
    the backward's A and B gradients in *ya and *yb. ``xa``/``xb``: the row's A and B halves (chunked: from
    the task's first pair; interleaved: ``xa`` the row's first pair, ``xb`` unused); ``m``: the pairs that
-   exist. A constant full ``m`` gives plain loads. */
+   exist (``full``: all 16). A constant full ``m`` gives plain loads. */
 INLINE void mx_pairs(const glu_consts *c, const char *xa, const char *xb, const char *dy, int64_t q, int a_index,
-                     vm m, const int dt, const int bwd, const int inter, const int clipped, vf *ya, vf *yb) {
+                     vm m, const int full, const int dt, const int bwd, const int inter, const int clipped, vf *ya,
+                     vf *yb) {
     vu ab, bb;
     if (inter) {
         vu even, odd;
@@ -52,8 +53,10 @@ INLINE void mx_pairs(const glu_consts *c, const char *xa, const char *xb, const 
         bb = ld_bits(xb, q, dt, m);
     }
     const vf av = widen(ab, dt), bv = widen(bb, dt);
-    if (!bwd) *ya = v_sel(m, glu_fwd(c, av, ab, bv, clipped, 0, dt), v_zero());
-    else glu_bwd(c, av, ab, bv, ld(dy, q, dt, m), clipped, 0, dt, ya, yb);
+    const uint16_t *as = (const uint16_t *)xa + (inter ? 2 * q + a_index : q); /* A's bits */
+    const act_idx ai = {ab, full && dt != SWIGLU_FP32 ? as : NULL, inter ? 2 : 1};
+    if (!bwd) *ya = v_sel(m, glu_fwd(c, av, ai, bv, clipped, 0, dt), v_zero());
+    else glu_bwd(c, av, ai, bv, ld(dy, q, dt, m), clipped, 0, dt, ya, yb);
 }
 
 /* Stored values into a tile row from column ``col`` and the running amax of their magnitude bits per
@@ -76,7 +79,7 @@ INLINE void mx_stage1_step(const glu_consts *c, const char *xa, const char *xb, 
                            int64_t q, int64_t n, int64_t ta, int64_t tb, int a_index, const int dt, const int bwd,
                            const int inter, const int clipped) {
     vf ya, yb, ya2, yb2;
-    mx_pairs(c, xa, xb, dy, q, a_index, m_lanes(n), dt, bwd, inter, clipped, &ya, &yb);
+    mx_pairs(c, xa, xb, dy, q, a_index, m_lanes(n), n >= 16, dt, bwd, inter, clipped, &ya, &yb);
     if (dt == SWIGLU_FP32) {
         if (!bwd) {
             tile_put32(t, ca, q, narrow(ya, dt), m_all());
@@ -99,7 +102,7 @@ INLINE void mx_stage1_step(const glu_consts *c, const char *xa, const char *xb, 
         tile_put16(t, ca, 2 * q, v, w_lanes(2 * n));
         return;
     }
-    mx_pairs(c, xa, xb, dy, q + 16, a_index, m_lanes(n - 16), dt, bwd, inter, clipped, &ya2, &yb2);
+    mx_pairs(c, xa, xb, dy, q + 16, a_index, m_lanes(n - 16), n >= 32, dt, bwd, inter, clipped, &ya2, &yb2);
     if (!bwd) {
         tile_put16(t, ca, q, narrow2(ya, ya2, dt), w_lanes(32));
         return;

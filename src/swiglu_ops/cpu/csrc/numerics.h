@@ -138,9 +138,17 @@ typedef struct {
     float alpha, limit;
 } act_fn;
 
-INLINE vf act(const act_fn *f, vf a, vu a_bits, const int dt) {
+/* Where the table indices of 16 inputs (their stored bits) are: ``bits`` in the lanes, and for whole steps of
+   16-bit inputs also in memory, ``src[i * stride]`` (NULL: not given), which the AVX2 layer reads instead. */
+typedef struct {
+    vu bits;
+    const uint16_t *src;
+    int stride;
+} act_idx;
+
+INLINE vf act(const act_fn *f, vf a, act_idx ai, const int dt) {
     if (dt == SWIGLU_FP32) return act_eval(a, f->kind, f->alpha, f->limit);
-    return v_lookup(f->table, a_bits);
+    return v_lookup(f->table, ai.bits, ai.src, ai.stride);
 }
 
 /* ---------------------------------------------------------------------------------------------- MX */

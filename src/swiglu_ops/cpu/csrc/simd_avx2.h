@@ -201,33 +201,45 @@ INLINE void u_store8_even(uint8_t *p, vu a, vm m) {
 }
 INLINE vf v_loadf(const float *p, vm m) { return v_from_bits(u_load32((const uint32_t *)p, m)); }
 INLINE void v_storef(float *p, vf a, vm m) { u_store32((uint32_t *)p, v_bits(a), m); }
-/* table[idx] in every lane (the activation tables: idx < 65536): eight scalar loads per 8 lanes, from the
-   index vector stored once, which beat vgatherdps where it is a long microcoded sequence (Zen 2/3). */
-INLINE __m256 lookup8(const float *t, __m256i idx) {
+/* table[idx] in every lane (the activation tables: idx < 65536): eight scalar loads per 8 lanes, which beat
+   vgatherdps where it is a long microcoded sequence (Zen 2/3). The indices: where ``src`` is given, the same
+   16-bit values in memory (``src[i * stride]``), one scalar load each; else extracted from ``idx`` (two
+   uops each), which measured faster than storing ``idx`` and loading it back (store forwarding). */
+INLINE void lookup_keys(__m256i idx, const uint16_t *src, const int stride, uint32_t k[8]) {
+    if (src != NULL) {
+        for (int i = 0; i < 8; i++) k[i] = src[i * stride];
+    } else {
+        _mm256_store_si256((__m256i *)k, idx);
+    }
+}
+INLINE __m256 lookup8(const float *t, __m256i idx, const uint16_t *src, const int stride) {
     _Alignas(32) uint32_t k[8];
-    _mm256_store_si256((__m256i *)k, idx);
+    lookup_keys(idx, src, stride, k);
     const __m128 a = _mm_set_ps(t[k[3]], t[k[2]], t[k[1]], t[k[0]]);
     const __m128 b = _mm_set_ps(t[k[7]], t[k[6]], t[k[5]], t[k[4]]);
     return _mm256_insertf128_ps(_mm256_castps128_ps256(a), b, 1);
 }
-INLINE vf v_lookup(const float *table, vu idx) { return (vf){lookup8(table, idx.lo), lookup8(table, idx.hi)}; }
+INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int stride) {
+    return (vf){lookup8(table, idx.lo, src, stride), lookup8(table, idx.hi, src == NULL ? NULL : src + 8 * stride, stride)};
+}
 /* (table[2 idx], table[2 idx + 1]) in every lane: one 8-byte load per lane, then two shuffles per 8 lanes. */
 INLINE __m128 ld_entry2(const float *t, uint32_t i, uint32_t j) { /* (t[2i], t[2i+1], t[2j], t[2j+1]) */
     const __m128 a = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(t + 2 * (size_t)i)));
     return _mm_loadh_pi(a, (const __m64 *)(t + 2 * (size_t)j));
 }
-INLINE void lookup8x2(const float *t, __m256i idx, __m256 *a, __m256 *b) {
+INLINE void lookup8x2(const float *t, __m256i idx, const uint16_t *src, const int stride, __m256 *a, __m256 *b) {
     _Alignas(32) uint32_t k[8];
-    _mm256_store_si256((__m256i *)k, idx);
-    __asm__("" : "+m"(k)); /* read the indices back as scalars (GCC would extract each: 2 uops apiece) */
+    lookup_keys(idx, src, stride, k);
+    /* without ``src``, the stored indices are read back as scalars: for these loads that beat the extracts */
+    if (src == NULL) __asm__("" : "+m"(k));
     const __m256 x = _mm256_insertf128_ps(_mm256_castps128_ps256(ld_entry2(t, k[0], k[1])), ld_entry2(t, k[4], k[5]), 1);
     const __m256 y = _mm256_insertf128_ps(_mm256_castps128_ps256(ld_entry2(t, k[2], k[3])), ld_entry2(t, k[6], k[7]), 1);
     *a = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0));
     *b = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
 }
-INLINE void v_lookup2(const float *table, vu idx, vf *a, vf *b) {
-    lookup8x2(table, idx.lo, &a->lo, &b->lo);
-    lookup8x2(table, idx.hi, &a->hi, &b->hi);
+INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
+    lookup8x2(table, idx.lo, src, stride, &a->lo, &b->lo);
+    lookup8x2(table, idx.hi, src == NULL ? NULL : src + 8 * stride, stride, &a->hi, &b->hi);
 }
 /* Two-float table entries are cheaper than the arithmetic they replace (their loads cost what one float's do). */
 #define SIMD_TABLE_PAIRS 1

@@ -105,8 +105,13 @@ INLINE void v_storef(float *p, vf a, vm m) {
     else _mm512_mask_storeu_ps(p, m, a);
 }
 /* table[idx] in every lane (the activation tables). */
-INLINE vf v_lookup(const float *table, vu idx) { return _mm512_i32gather_ps(idx, table, 4); }
-INLINE void v_lookup2(const float *table, vu idx, vf *a, vf *b) {
+/* ``src``/``stride`` (the indices in memory) unused: the gather takes them from ``idx``. */
+INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int stride) {
+    (void)src, (void)stride;
+    return _mm512_i32gather_ps(idx, table, 4);
+}
+INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
+    (void)src, (void)stride;
     *a = _mm512_i32gather_ps(idx, table, 8);
     *b = _mm512_i32gather_ps(idx, table + 1, 8);
 }

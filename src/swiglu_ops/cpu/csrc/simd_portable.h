@@ -192,12 +192,15 @@ INLINE void u_store8(uint8_t *p, vu a, vm m) {
 INLINE vf v_loadf(const float *p, vm m) { return v_from_bits(u_load32((const uint32_t *)p, m)); }
 INLINE void v_storef(float *p, vf a, vm m) { u_store32((uint32_t *)p, v_bits(a), m); }
 /* table[idx] in every lane (the activation tables). */
-HEAVY vf v_lookup(const float *table, vu idx) {
+/* ``src``/``stride`` (the indices in memory) unused. */
+HEAVY vf v_lookup(const float *table, vu idx, const uint16_t *src, const int stride) {
+    (void)src, (void)stride;
     vf r;
     FOR_LANES r[i_] = table[idx[i_]];
     return r;
 }
-HEAVY void v_lookup2(const float *table, vu idx, vf *a, vf *b) {
+HEAVY void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
+    (void)src, (void)stride;
     vf x, y;
     FOR_LANES x[i_] = table[2 * (size_t)idx[i_]], y[i_] = table[2 * (size_t)idx[i_] + 1];
     *a = x;
