@@ -38,9 +38,10 @@
 
 /* Bumped whenever a struct or prototype below changes: a library built from another version of this file
    is refused at load. */
-#define SWIGLU_ABI_VERSION 4
+#define SWIGLU_ABI_VERSION 5
 
-/* Which member of the GLU family (swiglu_ops.glu.GluParams), and its activation tables. */
+/* Which member of the GLU family (swiglu_ops.glu.GluParams). The kernels build and cache its activation
+   tables themselves (swiglu_act_table). */
 typedef struct {
     int32_t interleaved; /* A and B are the even and odd elements of a row, else its two halves */
     int32_t a_index;     /* 0: A is the left half (even elements); 1: the right half (odd elements) */
@@ -48,8 +49,6 @@ typedef struct {
     int32_t clamp_mode;  /* clipped: 0 clamps A before the activation, 1 clamps its output */
     float alpha, limit, bias;
     int32_t reserved;
-    const float *table;  /* 16-bit dtypes: the activation of every input bit pattern (swiglu_act_table) */
-    const float *table2; /* the second one where an operator needs two */
 } swiglu_glu;
 
 /* swiglu_group_grad (SwigluGroupGrad), clipped_swiglu (ClippedSwiglu), clipped_swiglu_grad. */
