@@ -49,7 +49,10 @@ INLINE void st_bits(void *base, int64_t i, vu bits, const int dt, vm m) {
     if (dt == SWIGLU_FP32) u_store32((uint32_t *)base + i, bits, m);
     else u_store16((uint16_t *)base + i, bits, m);
 }
-INLINE vf ld(const void *base, int64_t i, const int dt, vm m) { return widen(ld_bits(base, i, dt, m), dt); }
+INLINE vf ld(const void *base, int64_t i, const int dt, vm m) {
+    if (dt == SWIGLU_FP16) return v_load_fp16((const uint16_t *)base + i, m); /* AVX2: converted from memory */
+    return widen(ld_bits(base, i, dt, m), dt);
+}
 INLINE void st(void *base, int64_t i, vf v, const int dt, vm m) { st_bits(base, i, narrow(v, dt), dt, m); }
 
 /* 16 pairs (elements 2i, 2i + 1, ...) from pair ``i`` of ``base``: the even and the odd elements. */

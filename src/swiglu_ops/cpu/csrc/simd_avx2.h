@@ -515,8 +515,13 @@ INLINE vwm w_lt_u(vw a, vw b) { return wm_not(w_ge_u(a, b)); }
 INLINE vwm w_nz(vw a) { return wm_not(w_eq(a, w_set(0))); } /* a != 0 */
 
 /* ------------------------------------------------------------------------- 16-bit float conversions */
-/* fp16 bits (low 16 of each lane) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */
-INLINE vf v_from_fp16(vu bits) { return (vf){_mm256_cvtph_ps(narrow16(bits.lo, 0)), _mm256_cvtph_ps(narrow16(bits.hi, 0))}; }
+/* fp16 bits (16-bit values in 32-bit lanes) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */
+INLINE vf v_from_fp16(vu bits) { return (vf){_mm256_cvtph_ps(narrow16(bits.lo, 1)), _mm256_cvtph_ps(narrow16(bits.hi, 1))}; }
+/* The fp32 values of 16 stored fp16 elements (masked lanes 0): whole vectors converted from memory. */
+INLINE vf v_load_fp16(const uint16_t *p, vm m) {
+    if ((m_bits8(m.lo) & m_bits8(m.hi)) != 0xFF) return v_from_fp16(u_load16(p, m));
+    return (vf){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+}
 /* fp32 -> fp16 bits, RNE, overflow to inf; NaN -> 0x7E00 (canonical). */
 INLINE vu u_to_fp16(vf v) {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;

@@ -271,6 +271,8 @@ INLINE int wm_any(vwm a) { return a != 0; }
 /* ------------------------------------------------------------------------- 16-bit float conversions */
 /* fp16 bits (low 16 of each lane) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */
 INLINE vf v_from_fp16(vu bits) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits)); }
+/* The fp32 values of 16 stored fp16 elements (masked lanes 0). */
+INLINE vf v_load_fp16(const uint16_t *p, vm m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 /* fp32 -> fp16 bits, RNE, overflow to inf; NaN -> 0x7E00 (canonical). */
 INLINE vu u_to_fp16(vf v) {
     const vu h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));

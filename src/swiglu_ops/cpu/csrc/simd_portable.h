@@ -374,6 +374,8 @@ HEAVY vf v_from_fp16(vu bits) {
     r |= (bits & 0x8000u) << 16;
     return (vf)u_sel(m_and(u_eq(e, u_set(0x0F800000u)), m_not(u_eq(bits & 0x3FFu, u_zero()))), r | 0x00400000u, r);
 }
+/* The fp32 values of 16 stored fp16 elements (masked lanes 0). */
+INLINE vf v_load_fp16(const uint16_t *p, vm m) { return v_from_fp16(u_load16(p, m)); }
 /* fp32 -> fp16 bits, RNE, overflow to inf, subnormals kept; NaN -> 0x7E00 (canonical). */
 HEAVY vu u_to_fp16(vf v) {
     const vu u = (vu)v;
