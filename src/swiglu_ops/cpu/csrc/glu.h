@@ -247,8 +247,8 @@ INLINE void glu_step(const glu_consts *c, const char *x, const char *dy, char *o
     vu ab, bb;
     ld_ab(x, half, p, inter, a_index, dt, m, &ab, &bb);
     const vf av = widen(ab, dt), bv = widen(bb, dt);
-    const uint16_t *as = (const uint16_t *)x + (inter ? 2 * p + a_index : p + a_index * half); /* A's bits */
-    const act_idx ai = {ab, full && dt != SWIGLU_FP32 ? as : NULL, inter ? 2 : 1};
+    const act_idx ai = act_idx_at(ab, (const uint16_t *)x + (inter ? 2 * p + a_index : p + a_index * half), inter,
+                                  full, dt);
     if (op == SWIGLU_OP_CLIPPED_FWD) {
         st(out, p, glu_fwd(c, av, ai, bv, 1, flag, dt), dt, m);
         return;

@@ -53,8 +53,7 @@ INLINE void mx_pairs(const glu_consts *c, const char *xa, const char *xb, const 
         bb = ld_bits(xb, q, dt, m);
     }
     const vf av = widen(ab, dt), bv = widen(bb, dt);
-    const uint16_t *as = (const uint16_t *)xa + (inter ? 2 * q + a_index : q); /* A's bits */
-    const act_idx ai = {ab, full && dt != SWIGLU_FP32 ? as : NULL, inter ? 2 : 1};
+    const act_idx ai = act_idx_at(ab, (const uint16_t *)xa + (inter ? 2 * q + a_index : q), inter, full, dt);
     if (!bwd) *ya = v_sel(m, glu_fwd(c, av, ai, bv, clipped, 0, dt), v_zero());
     else glu_bwd(c, av, ai, bv, ld(dy, q, dt, m), clipped, 0, dt, ya, yb);
 }

@@ -149,6 +149,12 @@ typedef struct {
     int stride;
 } act_idx;
 
+/* The act_idx of 16 inputs whose stored bits are ``bits``, the first of them at ``a0`` (``inter``: every
+   other element): memory indices only for a whole step (``full``) of a 16-bit dtype. */
+INLINE act_idx act_idx_at(vu bits, const uint16_t *a0, const int inter, const int full, const int dt) {
+    return (act_idx){bits, full && dt != SWIGLU_FP32 ? a0 : NULL, inter ? 2 : 1};
+}
+
 INLINE vf act(const act_fn *f, vf a, act_idx ai, const int dt) {
     if (dt == SWIGLU_FP32) return act_eval(a, f->kind, f->alpha, f->limit);
     return v_lookup(f->table, ai.bits, ai.src, ai.stride);
