@@ -66,16 +66,16 @@ ELEMENTWISE_BUDGET = 50.0
 
 #: What tests/test_triton_sass_budget.py holds today: per kernel (and direction), the largest count on the
 #: budgeted path measured for this commit, rounded up. Both MX kernels meet their target in the CANN
-#: defaults and the GPT-OSS variants (bf16, fp16), and every elementwise kernel meets its own; the
-#: transpose_y2 and fp32 GPT-OSS variants of the quantizers do not (docs/triton_backend.md, Budgets, says
-#: why). These ceilings keep the counts from growing back, and go down with every kernel change that lowers
-#: them.
+#: defaults and the GPT-OSS variants (bf16, fp16), the forward with transpose_y2 too, and every elementwise
+#: kernel meets its own; the backward with transpose_y2 (35.3-35.7), the fp32 GPT-OSS variants and the
+#: chunked clipped backward do not (docs/triton_backend.md, Budgets, says why). These ceilings keep the
+#: counts from growing back, and go down with every kernel change that lowers them.
 CEILINGS = {
     "group_grad": 47.0,
     "clipped_swiglu.fwd": 39.0,
     "clipped_swiglu.bwd": 50.0,
-    "mx_quant": 43.0,
-    "bwd_mx_quant": 53.0,
+    "mx_quant": 38.0,
+    "bwd_mx_quant": 47.0,
 }
 
 
@@ -399,8 +399,8 @@ def measure(name: str, hw: bool, arch: int, detail: bool = False) -> dict:
     import _triton_compile_checks as cc
 
     kernel, res = cc.compile_spec(name, arch, hw_cvt=hw)
-    fn, _sig, consts, _attrs, options, _expect = cc.SPECS[name]
-    consts = {**consts, "HW_CVT": hw}
+    fn, _sig, _consts, _attrs, options, _expect = cc.SPECS[name]
+    consts = cc.spec_consts(name, hw)
     body = parse_sass(disassemble(kernel.asm["cubin"]))
     hot = hot_path(body)
     norm = normalisation(name, consts, options, fn.arg_names)

@@ -116,7 +116,7 @@ def _mx_bwd_specs():
             name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
-            block_n = backend.mx_block_n(True, aligned, transpose)  # the launcher's tile
+            block_n = backend.mx_block_n(True, aligned, transpose, hw)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
                           GROUPED=grouped, BLOCK_N=block_n,
@@ -171,7 +171,7 @@ def _mx_fwd_specs():
             name = f"mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
-            block_n = backend.mx_block_n(False, aligned, transpose)  # the launcher's tile
+            block_n = backend.mx_block_n(False, aligned, transpose, hw)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
                           GROUPED=grouped, BLOCK_N=block_n,
@@ -222,13 +222,25 @@ SPECS = {
 }
 
 
+def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
+    """The constexprs of one specialization, with ``HW_CVT`` overridden when ``hw_cvt`` is given (and the
+    tile width that the launcher picks on that path: ``mx_block_n``)."""
+    consts = SPECS[name][2]
+    if hw_cvt is None:
+        return consts
+    consts = {**consts, "HW_CVT": hw_cvt}
+    if consts.get("TRANSPOSE_Y2"):
+        backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
+        consts["BLOCK_N"] = backend.mx_block_n(backward, aligned, True, hw_cvt)
+    return consts
+
+
 def compile_spec(name: str, arch: int, hw_cvt: bool | None = None):
     """Compile one specialization (with ``HW_CVT`` overridden when ``hw_cvt`` is given): the compiled kernel
     and its resources from ptxas's ``-v`` log (registers, spill bytes, stack frame) and metadata (shared
     memory). Also used by benchmarks/sass_budget.py."""
-    fn, sig, consts, attrs, options, _expect = SPECS[name]
-    if hw_cvt is not None:
-        consts = {**consts, "HW_CVT": hw_cvt}
+    fn, sig, _consts, attrs, options, _expect = SPECS[name]
+    consts = spec_consts(name, hw_cvt)
     triton.knobs.compilation.always_compile = True  # a cache hit would skip ptxas and its log
     triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v output, printed by Triton's compiler
     log = io.StringIO()

@@ -687,6 +687,14 @@ def _hw_path_cases():
             cases.append((f"fwd_mx {dtype} {kw}", functools.partial(
                 swiglu_ops.swiglu_mx_quant_dual_axis, mx_x, mx_gi, backend="triton", **kw),
                 kw.get("dst_dtype", torch.float8_e4m3fn)))  # fmt: skip
+        if HAS_CUDA:  # token-contiguous y2: PTX byte stores on the GPU (the interpreter takes tl.store)
+            for kw in ({}, {"interleaved": True, **gpt_oss}):
+                cases.append((f"bwd_mx transpose_y2 {dtype} {kw}", functools.partial(
+                    bwd, mx_x, mx_dy, mx_gi, backend="triton", transpose_y2=True, **kw)))  # fmt: skip
+            for kw in FWD_COMBOS[:2]:  # FP8 only
+                cases.append((f"fwd_mx transpose_y2 {dtype} {kw}", functools.partial(
+                    swiglu_ops.swiglu_mx_quant_dual_axis, mx_x, mx_gi, backend="triton", transpose_y2=True,
+                    **kw), kw.get("dst_dtype", torch.float8_e4m3fn)))  # fmt: skip
     return [case if len(case) == 3 else (*case, None) for case in cases]
 
 

@@ -174,13 +174,15 @@ def mx_maxnreg(aligned: bool) -> int | None:
     return MX_MAXNREG if aligned else None
 
 
-def mx_block_n(backward: bool, aligned: bool, transpose_y2: bool) -> int:
+def mx_block_n(backward: bool, aligned: bool, transpose_y2: bool, hw_cvt: bool = False) -> int:
     """The MX kernels' tile width (BLOCK_N): :data:`MX_BWD_BLOCK_N` pairs (backward) or :data:`MX_BLOCK_N`
     output columns (forward), halved (to 32 at least) for tensors that are not 16-byte aligned (no vector
-    loads: Triton spreads the tile one element per thread) and again for token-contiguous y2, whose 64-bit
-    column addresses cost registers: at the full width both spill on sm_100 (40-72 bytes)."""
+    loads: Triton spreads the tile one element per thread) and again for token-contiguous y2 on the integer
+    path, whose ``tl.store`` has 64-bit addresses per code after a layout conversion: at the full width both
+    spill on sm_100 (40-72 bytes). With ``hw_cvt`` the token-contiguous codes are stored by PTX from the
+    tile's own layout (``_store_y2_tokens``), and the tile keeps its width."""
     block_n = MX_BWD_BLOCK_N if backward else MX_BLOCK_N
-    for narrow in (not aligned, transpose_y2):
+    for narrow in (not aligned, transpose_y2 and not hw_cvt):
         if narrow:
             block_n = max(block_n // 2, 32)
     return block_n
@@ -232,7 +234,7 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     num_groups = None if group_ends is None else group_ends.numel()
     blocks = mx_blocks_per_slice(m, num_groups)
     aligned = _aligned(x, *tensors)
-    block_n = mx_block_n(backward, aligned, transpose_y2)
+    block_n = mx_block_n(backward, aligned, transpose_y2, _hw_cvt())
     n_tiles = triton.cdiv(tile_pairs, block_n)
     per_program = min(MX_TILES_PER_PROGRAM, n_tiles)
     inv_max = getattr(fmt, "inv_max", 0.0)  # RCEIL only (FP8)
@@ -242,8 +244,10 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     plain = plain_loads(x.shape[-1] // 2, aligned)
     b_pad, pad_select = padding(glu, x.dtype, backward)
     consts = dict(
-        # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more
-        WIDE=32 * x.shape[-1] >= 2**31, GROUPED=group_ends is not None, BLOCK_N=block_n,
+        # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more (or, for a
+        # token-contiguous y2, within a tile's 128 columns of M tokens)
+        WIDE=32 * x.shape[-1] >= 2**31 or (transpose_y2 and 128 * m >= 2**31),
+        GROUPED=group_ends is not None, BLOCK_N=block_n,
         GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index,
         PAD_SELECT=pad_select and not plain, PLAIN_LOADS=plain,
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,

@@ -888,6 +888,79 @@ _CVT_E4M3X4_MASKED = _cvt_fp8x4_asm("e4m3", True)
 _CVT_E5M2X4_MASKED = _cvt_fp8x4_asm("e5m2", True)
 
 
+def _y2_token_asm(fmt: str, row: int) -> tl.constexpr:
+    """PTX of one code of the token-contiguous y2 (``TRANSPOSE_Y2`` on the ``HW_CVT`` path): the fp32 value $2
+    to its FP8 code (``cvt.rn.satfinite``, as ``_cvt_fp8x4_asm``: its low byte) stored as a byte at
+    $1 + ``row`` where $3 (int32) is not 0. $0 is a dummy output. The row offset is an immediate, so one
+    address serves the rows of a column that a thread holds."""
+    return tl.constexpr(
+        "{ .reg .b16 h; .reg .pred p;\n"
+        f"cvt.rn.satfinite.{fmt}x2.f32 h, 0f00000000, $2;\n"
+        f"setp.ne.b32 p, $3, 0;\n@p st.global.b8 [$1+{row}], h;\nmov.u32 $0, 0; }}"
+    )
+
+
+_Y2_E4M3 = [_y2_token_asm("e4m3", row) for row in range(4)]
+_Y2_E5M2 = [_y2_token_asm("e5m2", row) for row in range(4)]
+_Y2_E4M3_0, _Y2_E4M3_1, _Y2_E4M3_2, _Y2_E4M3_3 = _Y2_E4M3
+_Y2_E5M2_0, _Y2_E5M2_1, _Y2_E5M2_2, _Y2_E5M2_3 = _Y2_E5M2
+
+
+@triton.jit
+def _y2_token_row(ptr, q, ok, ROW: tl.constexpr, E5M2: tl.constexpr):
+    """``_y2_token_asm`` of one row held in registers (``ROW``: its offset from ``ptr``)."""
+    if E5M2:
+        asm: tl.constexpr = (_Y2_E5M2_0, _Y2_E5M2_1, _Y2_E5M2_2, _Y2_E5M2_3)[ROW]
+    else:
+        asm: tl.constexpr = (_Y2_E4M3_0, _Y2_E4M3_1, _Y2_E4M3_2, _Y2_E4M3_3)[ROW]
+    tl.inline_asm_elementwise(asm, "=r,l,r,r", [ptr, q, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _row_halves(t):
+    """``[2, ..]`` -> its two halves along axis 0 (moved last and split: a renaming where each thread holds
+    both halves in registers)."""
+    if len(t.shape) == 5:
+        return tl.split(tl.permute(t, (1, 2, 3, 4, 0)))
+    else:
+        return tl.split(tl.permute(t, (1, 2, 3, 0)))
+
+
+@triton.jit
+def _store_y2_tokens(ptr, q, ok, E5M2: tl.constexpr):
+    """Stores the FP8 codes of ``q`` ``[R4, NB, R8, 32]`` (the column-wise products, non-finite blocks'
+    already +0) where ``ok`` at ``ptr`` (same shape: token-contiguous y2, tokens consecutive along R4), by
+    PTX (``_y2_token_asm``) rather than ``tl.store``: Triton's coalescing would give each thread runs of
+    consecutive tokens through a layout conversion in shared memory, while each thread already holds rows
+    of its columns.
+
+    Row ``4 * r8 + 2 * hi + lo`` of the block: the rows a thread holds are split into tensors of their own,
+    so that one address per column (and ``lo``) serves them with immediate offsets. Where the warps cover
+    the NB blocks (NB >= 4 for the launcher's 4 warps) a thread holds all four rows in registers and the
+    splits are renamings; with NB = 2 the warps split ``lo``, which stays a tensor axis (an address per
+    column and ``lo``), and the split of ``hi`` costs a layout conversion (still cheaper, measured, than an
+    address per code)."""
+    NB: tl.constexpr = q.shape[1]
+    shape5: tl.constexpr = [2, 2] + q.shape[1:]  # [hi, lo, NB, R8, 32]
+    okb = tl.broadcast_to(ok, q.shape).to(tl.int32)
+    q_h0, q_h1 = _row_halves(tl.reshape(q, shape5))  # [lo, NB, R8, 32]
+    p_h0, _p_h1 = _row_halves(tl.reshape(ptr, shape5))
+    o_h0, o_h1 = _row_halves(tl.reshape(okb, shape5))
+    if NB >= 4:
+        q00, q01 = _row_halves(q_h0)
+        q10, q11 = _row_halves(q_h1)
+        p00, _p01 = _row_halves(p_h0)
+        o00, o01 = _row_halves(o_h0)
+        o10, o11 = _row_halves(o_h1)
+        _y2_token_row(p00, q00, o00, 0, E5M2)
+        _y2_token_row(p00, q01, o01, 1, E5M2)
+        _y2_token_row(p00, q10, o10, 2, E5M2)
+        _y2_token_row(p00, q11, o11, 3, E5M2)
+    else:
+        _y2_token_row(p_h0, q_h0, o_h0, 0, E5M2)
+        _y2_token_row(p_h0, q_h1, o_h1, 2, E5M2)
+
+
 @triton.jit
 def _cvt_fp8x4(q, ASM: tl.constexpr):
     return tl.inline_asm_elementwise(ASM, "=r,r,r,r,r", [q], dtype=tl.uint8, is_pure=True, pack=4)
@@ -899,6 +972,13 @@ def _cvt_fp8x4_masked(q, code, ASM: tl.constexpr):
     return tl.inline_asm_elementwise(
         ASM, "=r,r,r,r,r,r,r,r,r", [q, code], dtype=tl.uint8, is_pure=True, pack=4
     )
+
+
+@triton.jit
+def _mx_products(v, recip, code_s):
+    """``v * recip``, +0 for every element of a non-finite block (scale code ``code_s`` 0xFF): what the
+    element codes are formed from (:func:`_mx_codes`)."""
+    return tl.where(code_s == 0xFF, 0.0, v * recip)
 
 
 @triton.jit
@@ -930,7 +1010,7 @@ def _mx_codes(
             return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E5M2X4_MASKED)
         else:
             return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E4M3X4_MASKED)
-    q = tl.where(nonfinite, 0.0, v * recip)
+    q = _mx_products(v, recip, code_s)
     if FP4:
         code = _elem_code_int(q, mbits, bias, max_code, True, ROUND)
         if ROUND == ROUND_FLOOR:
@@ -1079,13 +1159,14 @@ def _tile_edges(rl, last, jb, n, K: tl.constexpr, PLAIN_LOADS: tl.constexpr):
 
 @triton.jit
 def _mx_quantize(
-    v, rl, rows_ok, dead, ob, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
+    v, rl, rows_ok, dead, ob, ob0, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
     inv_max, emax, mbits, bias, max_code,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, BF16: tl.constexpr, COPIES: tl.constexpr,
 ):  # fmt: skip
     """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (fp32, the stage-1 values in x's
-    dtype): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the row-wise block index;
+    dtype): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the row-wise block index, from
+    the scalar ``ob0`` on;
     ``ob_ok``: the mxscale1 slots to write, pad slots included) of the block's rows ``rl`` (relative to the
     block's first row, where ``y1_ptr``, ``s1_ptr`` and ``y2_ptr`` point; y rows have ``width`` codes, FP4
     ``width / 2`` bytes).
@@ -1147,15 +1228,25 @@ def _mx_quantize(
     code2, recip2 = _scale_code(amax2, inv_max, emax, SCALE_ALG, FP4)  # [NB, 32]
     if COPIES and SCALE_ALG == 0:
         code2 = tl.where(dead, 0xFF, code2)
-    y2 = _mx_codes(
-        v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT,
-        False,
-    )  # fmt: skip
-    if TRANSPOSE_Y2:
-        y2_off = col.to(tl.int64) * m + rl
+    if TRANSPOSE_Y2 and HW_CVT and not _INTERPRETED:
+        q2 = _mx_products(v, recip2[None, :, None, :], code2[None, :, None, :])
+        # (the copies' blocks of PLAIN_LOADS lie past N, a multiple of 32: one test per block)
+        y2_ok = rows_ok & ob_ok & ((ob * MX_BLOCK if COPIES else col) < width)
+        # the tile's first column as a 64-bit scalar, the rest as offsets that do not change from tile to
+        # tile (32-bit unless WIDE: the launcher sets it where 128 * M reaches 2**31)
+        local = (ob - ob0) * MX_BLOCK + _block_cols(MX_BLOCK, 8)
+        y2_tile = y2_ptr + (ob0 * MX_BLOCK).to(tl.int64) * m
+        _store_y2_tokens(y2_tile + (local.to(rl.dtype) * m + rl), q2, y2_ok, E5M2)
     else:
-        y2_off = y_off
-    _store_codes(y2_ptr + y2_off, y2, y_ok, FP4)
+        y2 = _mx_codes(
+            v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND,
+            HW_CVT, False,
+        )  # fmt: skip
+        if TRANSPOSE_Y2:
+            y2_off = col.to(tl.int64) * m + rl
+        else:
+            y2_off = y_off
+        _store_codes(y2_ptr + y2_off, y2, y_ok, FP4)
     NB: tl.constexpr = v.shape[1]
     col2 = tl.reshape(ob, [NB, 1]) * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]  # [NB, 32]
     s2_ok = tl.reshape(ob_ok, [NB, 1]) & (col2 < s2_cols)
@@ -1246,9 +1337,9 @@ def _mx_fwd_tile(
         act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
     act = _round_to_dtype(act, DTYPE, HW_CVT)
     _mx_quantize(
-        act, rl, rows_ok, dead, ob, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m, inv_max, emax,
-        mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT, DTYPE == tl.bfloat16,
-        PLAIN_LOADS,
+        act, rl, rows_ok, dead, ob, tile * NB, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m,
+        inv_max, emax, mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
+        DTYPE == tl.bfloat16, PLAIN_LOADS,
     )  # fmt: skip
 
 
@@ -1336,8 +1427,8 @@ def _mx_bwd_tile(
             tl.join(tl.where(a_first, ga, gb), tl.where(a_first, gb, ga)), [MX_R4, NB, MX_R8, MX_BLOCK]
         )
         _mx_quantize(
-            v, rl, rows_ok, dead, blk, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
-            emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
+            v, rl, rows_ok, dead, blk, tile * NB, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols,
+            m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
             DTYPE == tl.bfloat16, PLAIN_LOADS,
         )  # fmt: skip
     else:
@@ -1346,14 +1437,14 @@ def _mx_bwd_tile(
         for half in tl.static_range(2):
             if half == 0:
                 v = ga
-                ob = blk + a_index * half_blocks
+                shift = a_index * half_blocks
             else:
                 v = gb
-                ob = blk + (1 - a_index) * half_blocks
+                shift = (1 - a_index) * half_blocks
             _mx_quantize(
-                v, rl, rows_ok, dead, ob, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols, m, inv_max,
-                emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
-                DTYPE == tl.bfloat16, PLAIN_LOADS,
+                v, rl, rows_ok, dead, blk + shift, tile * NB + shift, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b,
+                s2b, s2_cols, m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT,
+                TRANSPOSE_Y2, HW_CVT, DTYPE == tl.bfloat16, PLAIN_LOADS,
             )  # fmt: skip
     if FAST:
         return tl.max(key)
