@@ -867,13 +867,19 @@ def _elem_code_int(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.conste
     return tl.where(a > 0x7F800000, 0, code | sign)
 
 
+def _cvt_fp8x2(fmt: str) -> str:
+    """The PTX conversion of two fp32 values to FP8 codes (``e4m3`` or ``e5m2``) on the ``HW_CVT`` path:
+    RNE, saturating to the largest finite (:func:`_mx_codes` says why it is the encode's rule)."""
+    return f"cvt.rn.satfinite.{fmt}x2.f32"
+
+
 def _cvt_fp8x4_asm(fmt: str, masked: bool) -> tl.constexpr:
     """PTX converting four fp32 values ($1..$4) to FP8 codes packed into one 32-bit register ($0), value
     $1 in the lowest byte: each ``cvt ... d, a, b`` puts ``a`` in the upper and ``b`` in the lower byte, and
     ``mov.b32 $0, {lo, hi}`` puts ``lo`` in the lower half. ``masked``: the four values share one block,
     whose scale code is $5 (= $6..$8); a non-finite block's (0xFF) codes are all 0x00: one compare and
     select per four codes instead of a select per value before the conversion."""
-    cvt = f"cvt.rn.satfinite.{fmt}x2.f32"
+    cvt = _cvt_fp8x2(fmt)
     if not masked:
         body = f"{cvt} lo, $2, $1;\n{cvt} hi, $4, $3;\nmov.b32 $0, {{lo, hi}};"
         return tl.constexpr("{ .reg .b16 lo, hi;\n" + body + " }")
@@ -895,15 +901,13 @@ def _y2_token_asm(fmt: str, row: int) -> tl.constexpr:
     address serves the rows of a column that a thread holds."""
     return tl.constexpr(
         "{ .reg .b16 h; .reg .pred p;\n"
-        f"cvt.rn.satfinite.{fmt}x2.f32 h, 0f00000000, $2;\n"
+        f"{_cvt_fp8x2(fmt)} h, 0f00000000, $2;\n"
         f"setp.ne.b32 p, $3, 0;\n@p st.global.b8 [$1+{row}], h;\nmov.u32 $0, 0; }}"
     )
 
 
-_Y2_E4M3 = [_y2_token_asm("e4m3", row) for row in range(4)]
-_Y2_E5M2 = [_y2_token_asm("e5m2", row) for row in range(4)]
-_Y2_E4M3_0, _Y2_E4M3_1, _Y2_E4M3_2, _Y2_E4M3_3 = _Y2_E4M3
-_Y2_E5M2_0, _Y2_E5M2_1, _Y2_E5M2_2, _Y2_E5M2_3 = _Y2_E5M2
+_Y2_E4M3_0, _Y2_E4M3_1, _Y2_E4M3_2, _Y2_E4M3_3 = (_y2_token_asm("e4m3", row) for row in range(4))
+_Y2_E5M2_0, _Y2_E5M2_1, _Y2_E5M2_2, _Y2_E5M2_3 = (_y2_token_asm("e5m2", row) for row in range(4))
 
 
 @triton.jit
