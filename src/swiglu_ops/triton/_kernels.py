@@ -514,9 +514,11 @@ def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
 
 @triton.jit
 def _lane_pairs_in_order(v, K: tl.constexpr, R: tl.constexpr):
-    """``[2, R4, NB, R8, K/2]`` (vector h, element pair c // 2 of _load_pairs' two-vector load) ->
-    ``[R4, NB, R8, K]`` in pair order R * (c // R) + R/2 * h + (c // 2) % (R/2): a register renaming."""
-    by_lane: tl.constexpr = v.shape[:-1] + [K // R, R // 2]
+    """``[NV, R4, NB, R8, K/NV]`` (vector h, element pair c // 2 of _load_pairs' multi-vector load) ->
+    ``[R4, NB, R8, K]`` in pair order NV R/2 * (c // R) + R/2 * h + (c // 2) % (R/2): a register
+    renaming."""
+    NV: tl.constexpr = v.shape[0]
+    by_lane: tl.constexpr = v.shape[:-1] + [2 * K // (NV * R), R // 2]
     return tl.reshape(tl.permute(tl.reshape(v, by_lane), (1, 2, 3, 4, 0, 5)), v.shape[1:4] + [K])
 
 
@@ -538,18 +540,21 @@ def _load_pairs(
     """
     if INTERLEAVED:
         a_first = a_index == 0
-        # The MX forward's tile (4-D, VEC pairs per thread = 2 VEC elements, two 16-byte vectors): a load
-        # of [2 VEC] elements per thread would get one vector per lane and twice the lanes per block-row
-        # from Triton's layout (4 output columns per lane: a third shuffle level in the row amax and a
-        # lane transpose before the stores). So the block-row's 2K elements go on a new outermost axis h
-        # as two vectors per lane: element 2R * (c // R) + R * h + c % R for column c (R: elements per
-        # vector), i.e. lane l holds elements [2R l, 2R l + 2R) = pairs [R l, R l + R). After the split,
-        # the pair axis (h, c // 2) is permuted back into pair order: the registers stay where they are.
-        TWO_VECTORS: tl.constexpr = VEC * ptr.dtype.element_ty.primitive_bitwidth > 64
+        # The MX tiles (4-D, VEC pairs per thread = 2 VEC elements, NV 16-byte vectors; the MX forward's
+        # 8 pairs, the fp32 backward's 4): a load of [2 VEC] elements per thread would get one vector per
+        # lane and NV times the lanes per block-row from Triton's layout (fewer output columns per lane
+        # than the codes' stores and the other operand have: another shuffle level in the row amax and a
+        # layout conversion through shared memory). So the block-row's 2K elements go on a new outermost
+        # axis h as NV vectors per lane: element NV R * (c // R) + R * h + c % R for column c (R: elements
+        # per vector), i.e. lane l holds elements [NV R l, NV R (l + 1)) = pairs [VEC l, VEC (l + 1)).
+        # After the split, the pair axis (h, c // 2) is permuted back into pair order: the registers stay
+        # where they are.
         R: tl.constexpr = 128 // ptr.dtype.element_ty.primitive_bitwidth
-        if TWO_VECTORS:
-            c = tl.arange(0, K)[None, None, None, None, :]
-            off = (c // R) * (2 * R) + tl.arange(0, 2)[:, None, None, None, None] * R + c % R
+        NV: tl.constexpr = 2 * VEC // R
+        MULTI_VECTOR: tl.constexpr = NV > 1
+        if MULTI_VECTOR:
+            c = tl.arange(0, 2 * K // NV)[None, None, None, None, :]
+            off = (c // R) * (NV * R) + tl.arange(0, NV)[:, None, None, None, None] * R + c % R
             xc = 2 * jb[None] + tl.max_contiguous(tl.multiple_of(off, [1, 1, 1, 1, R]), [1, 1, 1, 1, R])
             row_off = row_off[None]
             if rows_ok is not None:
@@ -563,7 +568,7 @@ def _load_pairs(
             pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
             pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
         even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [pair.shape[-1] // 2, 2]))
-        if TWO_VECTORS:
+        if MULTI_VECTOR:
             even, odd = _lane_pairs_in_order(even, K, R), _lane_pairs_in_order(odd, K, R)
         return tl.where(a_first, even, odd), tl.where(a_first, odd, even)
     else:
@@ -1326,7 +1331,8 @@ def _mx_fwd_tile(
     padding (``_load_pairs``)."""
     NB: tl.constexpr = BLOCK_N // MX_BLOCK
     DTYPE: tl.constexpr = xb.dtype.element_ty
-    VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
+    # pairs (= output columns) per thread and row: 8 interleaved (the codes' 8-byte stores), else a vector
+    VEC: tl.constexpr = 8 if INTERLEAVED else 128 // DTYPE.primitive_bitwidth
     ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
     # The padding's B in x's dtype from its bits (swiglu_ops.triton.padding): no conversion instruction.
     if DTYPE == tl.float32:
@@ -1407,7 +1413,9 @@ def _mx_bwd_tile(
     NB: tl.constexpr = BLOCK_N // K
     DTYPE: tl.constexpr = xb.dtype.element_ty
     VEC: tl.constexpr = 128 // DTYPE.primitive_bitwidth
-    KVEC: tl.constexpr = VEC // 2 if INTERLEAVED else VEC  # pairs per thread and row
+    # pairs per thread and row: interleaved 4 (8 columns: the codes' 8-byte stores, as in the forward;
+    # fp32 loads them as two vectors), chunked a vector
+    KVEC: tl.constexpr = 4 if INTERLEAVED else VEC
     blk = tile * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
     xr, jb = _tile_edges(rl, last, blk * K, n, K, PLAIN_LOADS)
     j = jb + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
