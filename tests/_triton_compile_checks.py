@@ -93,7 +93,10 @@ def _mx_bwd_specs():
     # The padding's select (PAD_SELECT: infinite alpha or bias, swiglu_ops.triton.padding) once; GPT-OSS's
     # parameters and the plain GLU launch without it.
     combos = [(*c, False) for c in combos] + [("bf16", True, False, 1, True, True, False, True)]
-    for dt, grouped, e5m2, scale_alg, inter, clipped, transpose, pad_select in combos:
+    # The clipped variants with GPT-OSS's finite limit key the fast reciprocal by its operand (DEN_KEY,
+    # swiglu_ops.triton.den_key); an infinite limit or a negative alpha once without it.
+    combos = [(*c, c[5]) for c in combos] + [("bf16", True, False, 1, True, True, False, False, False)]
+    for dt, grouped, e5m2, scale_alg, inter, clipped, transpose, pad_select, den_key in combos:
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
@@ -102,10 +105,12 @@ def _mx_bwd_specs():
                "n_tiles": "i32", "tiles_per_program": "i32",
                "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
-                                "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "HW_CVT"), "constexpr")}  # fmt: skip
+                                "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "DEN_KEY", "HW_CVT"),
+                               "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
+        variant += ",abs_key" if clipped and not den_key else ""
         variant += (",transpose_y2" if transpose else "") + (",pad_select" if pad_select else "")
         # The integer conversions (the default) everywhere; the opt-in hardware conversions (HW_CVT) on the
         # aligned bf16 variants.
@@ -122,7 +127,7 @@ def _mx_bwd_specs():
                           GROUPED=grouped, BLOCK_N=block_n,
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
-                          TRANSPOSE_Y2=transpose, WIDE=False, HW_CVT=hw)  # fmt: skip
+                          TRANSPOSE_Y2=transpose, WIDE=False, DEN_KEY=den_key, HW_CVT=hw)  # fmt: skip
             expect = {"fast_rcp", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
             options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
             yield name, fn, sig, consts, attrs, options, expect if hw else set()
@@ -197,11 +202,16 @@ def _clipped_specs():
                "rows": "i32", "half": "i32", "chunk0": "i32", "n_chunks": "i32",
                "alpha": "fp32", "limit": "fp32", "bias": "fp32",
                **dict.fromkeys(("A_INDEX", "BACKWARD", "INTERLEAVED", "MODE", "HAS_MASK", "ROWS", "BLOCK",
-                                "CHUNKS", "HW_CVT"), "constexpr")}  # fmt: skip
+                                "CHUNKS", "DEN_KEY", "HW_CVT"), "constexpr")}  # fmt: skip
         ptrs = [k for k, v in sig.items() if v.startswith("*")]
+        # The masked backward with GPT-OSS's finite limit (DEN_KEY); without a mask, the default infinite
+        # limit (its key den + |A~|), on the fast path too.
+        den_key = bwd and mode == 0 and has_mask
         cases = [(True, False)]
         if dt == "bf16" and has_mask and inter:
             cases += [(True, True)] + ([(False, False)] if mode == 0 else [])
+        if dt == "bf16" and bwd and not has_mask and inter:
+            cases += [(True, True)]
         for aligned, hw in cases:
             name = f"clipped_swiglu[{dt},{'bwd' if bwd else 'fwd'},mode={mode}"
             name += (",interleaved" if inter else "") + ("" if has_mask else ",no_mask")
@@ -209,7 +219,7 @@ def _clipped_specs():
             attrs = _attrs(fn, [*ptrs, "half"]) if aligned else {}
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, BACKWARD=bwd, INTERLEAVED=inter, MODE=mode, HAS_MASK=has_mask,
-                          ROWS=backend.CLIPPED_ROWS, BLOCK=backend.CLIPPED_BLOCK,
+                          DEN_KEY=den_key, ROWS=backend.CLIPPED_ROWS, BLOCK=backend.CLIPPED_BLOCK,
                           CHUNKS=backend.CLIPPED_CHUNKS, HW_CVT=hw)  # fmt: skip
             expect = ({"fast_rcp"} if bwd else set()) | ({"cvt_bf16"} if dt == "bf16" else set())
             options = {"num_warps": backend.CLIPPED_NUM_WARPS}

@@ -730,3 +730,32 @@ def test_hw_path_gives_the_default_bytes(monkeypatch):
             continue
         for k, (g, w) in enumerate(zip(got, want, strict=True)):
             _equal_bits_nan_payloads_aside(g, w, f"{name} output {k}")
+
+
+@pytest.mark.parametrize(
+    ("gate", "glu", "den_key"),
+    [
+        (float("inf"), {"alpha": 1.702, "limit": float("inf")}, False),  # A~ = +inf: exp(-inf) + 1 = 1
+        (float("-inf"), {"alpha": -1.702, "limit": 7.0}, False),  # negative alpha: exp(-inf) + 1 = 1
+        (float("-inf"), {"alpha": 1.702, "limit": 7.0}, True),  # GPT-OSS: exp(+inf) + 1 = inf keys itself
+    ],
+)
+def test_fast_path_keys_an_infinite_clamped_gate(monkeypatch, gate, glu, den_key):
+    """clamp_mode 0's fast reciprocal keys by its operand alone only where that sees every infinite A~
+    (``den_key``): elsewhere an infinite gate (the infinite limit; a negative alpha), the only special
+    value of its tile, would leave the sigmoid 1 where the spec's quotient (A~ * 0 + 1) / den is NaN.
+    The fast path (emulated in the interpreter) gives the default path's bits for ClippedSwigluGrad
+    (whose NaN / inf outputs show the difference)."""
+    from swiglu_ops.glu import GluParams
+
+    assert triton_backend.den_key(GluParams(clipped=True, bias=1.0, **glu)) is den_key
+    glu = {**glu, "bias": 1.0, "interleaved": False}
+    gen = torch.Generator().manual_seed(7)
+    x = _randn(4, 64, dtype=torch.float32, gen=gen)
+    x[1, 5] = gate  # a gate (the left half), in one tile with ordinary values only
+    dy = _randn(4, 32, dtype=torch.float32, gen=gen)
+    want = swiglu_ops.clipped_swiglu_grad(dy, x, backend="triton", **glu)
+    assert (~want.isfinite()).nonzero().tolist() == [[1, 5], [1, 37]]  # the pair's two gradients
+    monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
+    got = swiglu_ops.clipped_swiglu_grad(dy, x, backend="triton", **glu)
+    _equal_bits_nan_payloads_aside(got.cpu(), want.cpu(), "grad_x")

@@ -134,6 +134,16 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
 # -------------------------------------------------------------------- clipped_swiglu (+ its gradient)
 
 
+def den_key(glu) -> bool:
+    """Whether the clamp_mode-0 backward's fast reciprocal is keyed by its operand alone (constexpr
+    ``DEN_KEY``, one instruction per pair less; ``_kernels._glu_bwd``): where L is finite in fp32 (A~ =
+    min(a, L) is never +inf) and alpha is not negative (an A~ of -inf makes exp(A~ * -alpha) + 1 infinite
+    or NaN). GPT-OSS's parameters qualify; an infinite L (the default) or a negative alpha keys by
+    den + |A~|."""
+    limit, alpha = torch.tensor([glu.limit, glu.alpha], dtype=torch.float32).tolist()  # the kernels' values
+    return bool(glu.clipped and glu.clamp_mode == 0 and math.isfinite(limit) and not alpha < 0)
+
+
 def _clipped(x, dy, valid_rows, glu, out, backward: bool) -> None:
     rows, cols = x.shape
     half = cols // 2
@@ -145,7 +155,7 @@ def _clipped(x, dy, valid_rows, glu, out, backward: bool) -> None:
             x, dy, valid_rows, out, rows, half, chunk0, n_chunks, glu.alpha, glu.limit, glu.bias,
             A_INDEX=glu.a_index, BACKWARD=backward, INTERLEAVED=glu.interleaved, MODE=glu.clamp_mode,
             HAS_MASK=valid_rows is not None, ROWS=CLIPPED_ROWS, BLOCK=CLIPPED_BLOCK, CHUNKS=CLIPPED_CHUNKS,
-            HW_CVT=_hw_cvt(),
+            DEN_KEY=den_key(glu), HW_CVT=_hw_cvt(),
             num_warps=CLIPPED_NUM_WARPS, **LAUNCH_OPTIONS,
         )  # fmt: skip
 
@@ -253,6 +263,8 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,
         SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
+    if backward:
+        consts["DEN_KEY"] = den_key(glu)
     grid = (batch * blocks, triton.cdiv(n_tiles, per_program))
     return aligned, grid, (shape, glu_args, b_pad, tail), consts
 

@@ -392,7 +392,10 @@ def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr
 
 
 @triton.jit
-def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, FAST: tl.constexpr):
+def _glu_bwd(
+    a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, FAST: tl.constexpr,
+    DEN_KEY: tl.constexpr,
+):  # fmt: skip
     """``(grad_a, grad_b, key)`` in fp32 from the widened halves and dy (``reference.glu.backward``), and
     the key of its reciprocal / division (unused on the exact path):
 
@@ -400,6 +403,10 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
       ``t = ((-s) + 1) * a + 1``, ``(((t * b) * s) * dy, (s * dy) * a)``;
     - clipped, clamp_mode 0 (ClippedSwigluGrad, clipped_swiglu.md 4) and the clamp_mode-1 extension
       (section 10): closed masks on the raw inputs, applied by a select (a masked position is +0.0).
+
+    ``DEN_KEY`` (clamp_mode 0, fast path; the launcher's ``den_key``: L finite in fp32 and alpha not
+    negative): the reciprocal's operand alone keys the redo. A~ = min(a, L) is then never +inf, and an
+    A~ of -inf or NaN makes exp(A~ * -alpha) + 1 infinite or NaN, whose key reaches SLOW_KEY by itself.
     """
     if not CLIPPED:
         s, key = _sigmoid(a, FAST)
@@ -414,9 +421,12 @@ def _glu_bwd(a, b, dy, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.const
             den = _exp(at * -alpha, FAST) + 1.0
             if FAST:
                 # The numerator is 1 unless A~ is +-inf or NaN; the key, den + |A~| (at least den), is inf
-                # or NaN there, so those tiles take the exact redo too.
+                # or NaN there, so those tiles take the exact redo too (DEN_KEY: den is, see above).
                 s = _recip_ge1(den, FAST)
-                key = _rcp_key(den + tl.abs(at))
+                if DEN_KEY:
+                    key = _rcp_key(den)
+                else:
+                    key = _rcp_key(den + tl.abs(at))
             else:
                 s = (at * 0.0 + 1.0) * _recip_ge1(den, FAST)
                 key = _rcp_key(den)
@@ -608,7 +618,7 @@ def _store_pairs(
 def _clipped_tile(
     x_ptr, dy_ptr, out_ptr, r, row_ok, live, p0, half, a_index, alpha, limit, bias,
     BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK: tl.constexpr, FAST: tl.constexpr, HW_CVT: tl.constexpr,
+    BLOCK: tl.constexpr, FAST: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """One tile of ``clipped_swiglu_kernel``; returns the keys of its fast quotients (0 if exact).
 
@@ -630,7 +640,7 @@ def _clipped_tile(
         dead = row_ok & ~live
     if BACKWARD:
         dy = _widen(tl.load((dy_ptr + r * half + p0) + j, mask=live & (j < rem), other=0.0))
-        da, db, key = _glu_bwd(a, b, dy, alpha, limit, bias, True, MODE, FAST)
+        da, db, key = _glu_bwd(a, b, dy, alpha, limit, bias, True, MODE, FAST, DEN_KEY)
         op = out_ptr + 2 * p0 if INTERLEAVED else out_ptr + p0
         op = op + r * (2 * half)
         _store_pairs(op, 0, 0, live, rem, half, a_index, da, db, BLOCK, INTERLEAVED, HW_CVT)
@@ -655,7 +665,7 @@ def clipped_swiglu_kernel(
     rows, half, chunk0, n_chunks, alpha, limit, bias,
     A_INDEX: tl.constexpr, BACKWARD: tl.constexpr, INTERLEAVED: tl.constexpr, MODE: tl.constexpr,
     HAS_MASK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
-    HW_CVT: tl.constexpr,
+    DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """``ROWS`` rows x ``CHUNKS`` chunks of ``BLOCK`` pairs of ClippedSwiglu (y = the forward, rounded) or,
     with ``BACKWARD``, ClippedSwigluGrad (grad_x at x's positions): row tile ``program_id(0)``, the chunks
@@ -680,7 +690,7 @@ def clipped_swiglu_kernel(
     for c in range(c0, c1):
         key = _clipped_tile(
             x_ptr, dy_ptr, out_ptr, r, row_ok, live, c * BLOCK, half, A_INDEX, alpha, limit, bias,
-            BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, FAST, HW_CVT,
+            BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, FAST, DEN_KEY, HW_CVT,
         )  # fmt: skip
         if FAST:
             kmax = tl.maximum(kmax, key)
@@ -691,7 +701,7 @@ def clipped_swiglu_kernel(
             for c in range(c0, c1):
                 _clipped_tile(
                     x_ptr, dy_ptr, out_ptr, r, row_ok, live, c * BLOCK, half, A_INDEX, alpha, limit, bias,
-                    BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, False, HW_CVT,
+                    BACKWARD, INTERLEAVED, MODE, HAS_MASK, BLOCK, False, DEN_KEY, HW_CVT,
                 )  # fmt: skip
 
 
@@ -1404,7 +1414,7 @@ def _mx_bwd_tile(
     m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr,
-    PLAIN_LOADS: tl.constexpr, FAST: tl.constexpr, HW_CVT: tl.constexpr,
+    PLAIN_LOADS: tl.constexpr, FAST: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact). Loads as
     in ``_mx_fwd_tile``."""
@@ -1427,7 +1437,7 @@ def _mx_bwd_tile(
         dy = _widen(tl.load(dyb + xr * n + jb + _block_cols(K, KVEC)))
     else:
         dy = _widen(tl.load(dyb + xr * n + j, mask=ok, other=0.0))
-    ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST)
+    ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST, DEN_KEY)
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
         ga = tl.where(ok, ga, 0.0)
         gb = tl.where(ok, gb, 0.0)
@@ -1472,7 +1482,7 @@ def swiglu_bwd_mx_quant_kernel(
     PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, HW_CVT: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
 ):  # fmt: skip
     """One 32-row block of one batch slice of the backward operator, ``tiles_per_program`` tiles of
     ``BLOCK_N`` pairs from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
@@ -1501,7 +1511,7 @@ def swiglu_bwd_mx_quant_kernel(
             xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, PLAIN_LOADS,
-            HW_CVT, HW_CVT,
+            HW_CVT, DEN_KEY, HW_CVT,
         ))  # fmt: skip
     if HW_CVT:
         # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
@@ -1515,5 +1525,5 @@ def swiglu_bwd_mx_quant_kernel(
                     xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
                     m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
                     BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT,
-                    PLAIN_LOADS, False, HW_CVT,
+                    PLAIN_LOADS, False, DEN_KEY, HW_CVT,
                 )  # fmt: skip
