@@ -121,7 +121,8 @@ def _mx_bwd_specs():
             name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
-            block_n = backend.mx_block_n(True, aligned, transpose, hw)  # the launcher's tile
+            chunked_plain = not inter and not clipped and aligned and not pad_select  # PLAIN_LOADS
+            block_n = backend.mx_block_n(True, aligned, transpose, hw, chunked_plain)  # the launcher's tile
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
                           GROUPED=grouped, BLOCK_N=block_n,
@@ -239,9 +240,12 @@ def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
     if hw_cvt is None:
         return consts
     consts = {**consts, "HW_CVT": hw_cvt}
-    if consts.get("TRANSPOSE_Y2"):
+    if name.startswith(("mx_quant", "bwd_mx_quant")):  # the launcher's tile
         backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
-        consts["BLOCK_N"] = backend.mx_block_n(backward, aligned, True, hw_cvt)
+        chunked_plain = not consts["INTERLEAVED"] and not consts["CLIPPED"] and consts["PLAIN_LOADS"]
+        consts["BLOCK_N"] = backend.mx_block_n(
+            backward, aligned, consts["TRANSPOSE_Y2"], hw_cvt, chunked_plain
+        )
     return consts
 
 
