@@ -121,10 +121,12 @@ def _mx_bwd_specs():
             name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
-            chunked_plain = not inter and not clipped and aligned and not pad_select  # PLAIN_LOADS
-            block_n = backend.mx_block_n(True, aligned, transpose, hw, chunked_plain)  # the launcher's tile
+            plain = aligned and not pad_select  # PLAIN_LOADS
+            block_n = backend.mx_block_n(  # the launcher's tile
+                True, aligned, transpose, hw, interleaved=inter, clipped=clipped, plain=plain
+            )
             consts = {k: None for k, v in sig.items() if v == "constexpr"}
-            consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
+            consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=plain,
                           GROUPED=grouped, BLOCK_N=block_n,
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
@@ -242,10 +244,10 @@ def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
     consts = {**consts, "HW_CVT": hw_cvt}
     if name.startswith(("mx_quant", "bwd_mx_quant")):  # the launcher's tile
         backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
-        chunked_plain = not consts["INTERLEAVED"] and not consts["CLIPPED"] and consts["PLAIN_LOADS"]
         consts["BLOCK_N"] = backend.mx_block_n(
-            backward, aligned, consts["TRANSPOSE_Y2"], hw_cvt, chunked_plain
-        )
+            backward, aligned, consts["TRANSPOSE_Y2"], hw_cvt, interleaved=consts["INTERLEAVED"],
+            clipped=consts["CLIPPED"], plain=consts["PLAIN_LOADS"],
+        )  # fmt: skip
     return consts
 
 

@@ -679,7 +679,7 @@ def _hw_path_cases():
         mx_x, mx_dy = _mx_extreme_case(dtype, gen, n=96)  # 3 blocks: a partial tile, an odd block count
         mx_x[10, :k] = specials.to(dtype).to(DEVICE)
         mx_gi = torch.tensor([0, 33, 33, 70], device=DEVICE)
-        for kw in ({}, {"interleaved": True, **gpt_oss}):
+        for kw in ({}, {"interleaved": True, **gpt_oss}, {"interleaved": False, **gpt_oss}):
             bwd = swiglu_ops.swiglu_backward_mx_quant_dual_axis
             cases.append((f"bwd_mx {dtype} {kw}", functools.partial(
                 bwd, mx_x, mx_dy, mx_gi, backend="triton", **kw)))  # fmt: skip

@@ -59,12 +59,12 @@ MX_BLOCK_N = 128
 # The backward's tile in pairs: 64 pairs are 128 gradient columns, the forward tile's 128 output columns (at
 # 128 pairs ptxas needs 255 registers and spills).
 MX_BWD_BLOCK_N = 64
-# The plain SwiGLU's backward in the chunked layout on the HW_CVT path: 128 pairs, whose A and B blocks of 32
-# pairs give the four warps one 32 x 32 block each (at 64 pairs the two blocks of a half span the four warps,
-# two per block: the column amax crosses warps through shared memory, and each thread forms the scales of
-# its columns for 2 rows instead of 4). ptxas fits it in 255 registers without spills on that path with plain
-# loads only (the integer path spills 96-296 bytes, the clipped variants 96-160, masked loads of a
-# token-contiguous y2 24).
+# The backward in the chunked layout on the HW_CVT path with plain loads: 128 pairs, whose A and B blocks of
+# 32 pairs give the four warps one 32 x 32 block each (at 64 pairs the two blocks of a half span the four
+# warps, two per block: the column amax crosses warps through shared memory, and each thread forms the
+# scales of its columns for 2 rows instead of 4). ptxas fits it in 215-255 registers without spills there
+# only: the integer path spills 96-296 bytes, masked loads 64-172, the clipped GLU with a token-contiguous
+# y2 24 (sm_100).
 MX_BWD_CHUNKED_BLOCK_N = 128
 MX_NUM_WARPS = 4
 MX_TILES_PER_PROGRAM = 4
@@ -192,18 +192,20 @@ def mx_maxnreg(aligned: bool) -> int | None:
 
 
 def mx_block_n(
-    backward: bool, aligned: bool, transpose_y2: bool, hw_cvt: bool = False, chunked_plain: bool = False
-) -> int:
+    backward: bool, aligned: bool, transpose_y2: bool, hw_cvt: bool = False, *,
+    interleaved: bool = True, clipped: bool = False, plain: bool = False,
+) -> int:  # fmt: skip
     """The MX kernels' tile width (BLOCK_N): :data:`MX_BWD_BLOCK_N` pairs (backward; with ``hw_cvt``
-    :data:`MX_BWD_CHUNKED_BLOCK_N` for ``chunked_plain``: the plain SwiGLU in the chunked layout, with
-    plain loads) or :data:`MX_BLOCK_N` output columns (forward), halved (to 32 at least) for tensors
-    that are not 16-byte aligned (no vector loads: Triton spreads the tile one element per thread) and
-    again for token-contiguous y2 on the integer path, whose ``tl.store`` has 64-bit addresses per code
-    after a layout conversion: at the full width both spill on sm_100 (40-72 bytes). With ``hw_cvt`` the
-    token-contiguous codes are stored by PTX from the tile's own layout (``_store_y2_tokens``), and the
-    tile keeps its width."""
+    :data:`MX_BWD_CHUNKED_BLOCK_N` in the chunked layout with ``plain`` loads, unless the GLU is
+    ``clipped`` and y2 token-contiguous) or :data:`MX_BLOCK_N` output columns (forward), halved (to 32 at
+    least) for tensors that are not 16-byte aligned (no vector loads: Triton spreads the tile one element
+    per thread) and again for token-contiguous y2 on the integer path, whose ``tl.store`` has 64-bit
+    addresses per code after a layout conversion: at the full width both spill on sm_100 (40-72 bytes).
+    With ``hw_cvt`` the token-contiguous codes are stored by PTX from the tile's own layout
+    (``_store_y2_tokens``), and the tile keeps its width."""
     if backward:
-        block_n = MX_BWD_CHUNKED_BLOCK_N if hw_cvt and chunked_plain else MX_BWD_BLOCK_N
+        wide = hw_cvt and plain and not interleaved and not (clipped and transpose_y2)
+        block_n = MX_BWD_CHUNKED_BLOCK_N if wide else MX_BWD_BLOCK_N
     else:
         block_n = MX_BLOCK_N
     for narrow in (not aligned, transpose_y2 and not hw_cvt):
@@ -259,8 +261,10 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     blocks = mx_blocks_per_slice(m, num_groups)
     aligned = _aligned(x, *tensors)
     plain = plain_loads(x.shape[-1] // 2, aligned)
-    chunked_plain = not glu.interleaved and not glu.clipped and plain
-    block_n = mx_block_n(backward, aligned, transpose_y2, _hw_cvt(), chunked_plain)
+    block_n = mx_block_n(
+        backward, aligned, transpose_y2, _hw_cvt(), interleaved=glu.interleaved, clipped=glu.clipped,
+        plain=plain,
+    )  # fmt: skip
     n_tiles = triton.cdiv(tile_pairs, block_n)
     per_program = min(MX_TILES_PER_PROGRAM, n_tiles)
     inv_max = getattr(fmt, "inv_max", 0.0)  # RCEIL only (FP8)

@@ -1515,9 +1515,9 @@ def swiglu_bwd_mx_quant_kernel(
         ))  # fmt: skip
     if HW_CVT:
         # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
-        # tiles of half the width where one block fits (the exact path's branches need more registers).
-        K: tl.constexpr = MX_BLOCK // 2 if INTERLEAVED else MX_BLOCK  # pairs per block
-        SPLIT: tl.constexpr = 2 if BLOCK_N >= 2 * K else 1
+        # tiles of 32 pairs (the exact path's branches need more registers: at 64 pairs the chunked tile's
+        # redo alone takes ptxas past 255 registers).
+        SPLIT: tl.constexpr = max(BLOCK_N // 32, 1)
         if worst >= SLOW_KEY:
             _cold_path_marker(worst)
             for tile in range(SPLIT * t0, SPLIT * t1):
