@@ -516,6 +516,9 @@ def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
     if mask is None:
         a = tl.load((ptr + a_index * half) + (row_off + j))
         b = tl.load((ptr + (1 - a_index) * half) + (row_off + j))
+    elif b_pad is None:  # the padding is selected away after the GLU: any values
+        a = tl.load((ptr + a_index * half) + (row_off + j), mask=mask)
+        b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask)
     else:
         a = tl.load((ptr + a_index * half) + (row_off + j), mask=mask, other=1.0)
         b = tl.load((ptr + (1 - a_index) * half) + (row_off + j), mask=mask, other=b_pad)
@@ -575,8 +578,11 @@ def _load_pairs(
         if rows_ok is None:
             pair = _widen(tl.load(ptr + row_off + xc))
         else:
-            pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
-            pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
+            if b_pad is None:
+                pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound)))
+            else:
+                pad = tl.where((c % 2 == 0) == a_first, 1.0, b_pad)
+                pair = _widen(tl.load(ptr + row_off + xc, mask=rows_ok & (xc < 2 * bound), other=pad))
         even, odd = tl.split(tl.reshape(pair, pair.shape[:-1] + [pair.shape[-1] // 2, 2]))
         if MULTI_VECTOR:
             even, odd = _lane_pairs_in_order(even, K, R), _lane_pairs_in_order(odd, K, R)
@@ -1146,22 +1152,69 @@ def _reduce_u16x2(packed, axis: tl.constexpr):
         return tl.reduce(packed, axis, _max_u16x2)
 
 
+_BF16X2_ROUND = tl.constexpr("""{ .reg .b32 p;
+cvt.rn.bf16x2.f32 p, $4, $3;
+and.b32 p, p, $5;
+shl.b32 $0, p, 16;
+and.b32 $1, p, 0xFFFF0000;
+and.b32 $2, p, 0x7FFF7FFF;
+}""")
+
+
 @triton.jit
-def _amax_bf16x2(bits):
-    """The row-wise and column-wise block amax of a tile of bf16 values (``bits``: fp32 bits of widened
-    bf16 values, whose low 16 bits are zero) with two columns per 32-bit register: each reduction step and
-    shuffle serves two columns (the bf16 magnitudes' bits order like the magnitudes, NaN above inf, as the
-    fp32 bits do). The columns are packed first and their signs cleared after (a shift and one three-input
-    logic op per two columns). Returns the magnitudes' fp32 bits ``[R4, NB, R8]`` (rows) and ``[NB, 32]``
-    (columns)."""
-    lo, hi = tl.split(tl.reshape(bits.to(tl.uint32, bitcast=True), bits.shape[:-1] + [MX_BLOCK // 2, 2]))
-    # column 2k in the low half, 2k + 1 in the high half
-    packed = (((lo >> 16) | hi) & 0x7FFF7FFF).to(tl.int32, bitcast=True)
+def _round_bf16_pairs(v, keep, HW_CVT: tl.constexpr):
+    """fp32 ``v`` ``[.., 32]`` rounded to bf16 (RNE) and widened back, and the rounded magnitudes' bits
+    with two columns per 32-bit register (``[.., 16]`` int32: column 2k in the low half, 2k + 1 in the
+    high half; the bf16 magnitudes' bits order like the magnitudes, NaN above inf, as the fp32 bits do):
+    what :func:`_amax_bf16x2` reduces. On the GPU (``HW_CVT``) one ``cvt.rn.bf16x2.f32`` per two columns
+    gives that register itself (its sign bits cleared by one ``and``), so the reductions need no packing;
+    elsewhere the packing of the widened values (a shift and one three-input logic op per two columns).
+
+    ``keep`` (None, or a mask that broadcasts to ``v``, constant along axes 0 and 2: per column): the
+    columns where it is false come out as +0.0, on the GPU by one ``and`` per two columns of the rounded
+    register (with a mask formed once per column pair) instead of a select per element."""
+    even, odd = tl.split(tl.reshape(v, v.shape[:-1] + [v.shape[-1] // 2, 2]))
+    if HW_CVT and not _INTERPRETED:
+        if keep is None:
+            mask = tl.full([1] * len(v.shape), -1, tl.int32)
+        else:
+            cols = tl.broadcast_to(keep, [1, v.shape[1], 1, v.shape[-1]])
+            ke, ko = tl.split(tl.reshape(cols, [1, v.shape[1], 1, v.shape[-1] // 2, 2]))
+            mask = tl.where(ke, 0xFFFF, 0) | tl.where(ko, -65536, 0)
+        we, wo, packed = tl.inline_asm_elementwise(
+            _BF16X2_ROUND, "=r,=r,=r,r,r,r", [even, odd, mask], dtype=(tl.float32, tl.float32, tl.int32),
+            is_pure=True, pack=1,
+        )  # fmt: skip
+        return tl.reshape(tl.join(we, wo), v.shape), packed
+    else:
+        if keep is not None:
+            v = tl.where(keep, v, 0.0)
+        w = _round_to_dtype(v, tl.bfloat16, HW_CVT)
+        lo, hi = tl.split(tl.reshape(w.to(tl.uint32, bitcast=True), v.shape[:-1] + [v.shape[-1] // 2, 2]))
+        return w, (((lo >> 16) | hi) & 0x7FFF7FFF).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _amax_bf16x2(packed):
+    """The row-wise and column-wise block amax of a tile of bf16 values, from their magnitudes' bits with
+    two columns per 32-bit register (``packed`` ``[R4, NB, R8, 16]``, :func:`_round_bf16_pairs`): each
+    reduction step and shuffle serves two columns. Returns the magnitudes' fp32 bits ``[R4, NB, R8]``
+    (rows) and ``[NB, 32]`` (columns)."""
     rows = _reduce_u16x2(packed, 3)
     rows = tl.maximum(rows << 16, rows & -65536)
     cols = _reduce_u16x2(_reduce_u16x2(packed, 0), 1)  # [NB, 16]
     cols = tl.reshape(tl.join(cols << 16, cols & -65536), [cols.shape[0], MX_BLOCK])
     return rows, cols
+
+
+@triton.jit
+def _zero_outside(v, rows_ok, cols_ok):
+    """fp32 ``v`` where ``rows_ok & cols_ok`` (broadcast), +0.0 elsewhere: its bits ANDed with a row mask and
+    a column mask (0 or -1, formed once per row and per column): one instruction per element (the MX
+    backward's padding select), where a select of the combined predicates took two."""
+    row_mask = tl.where(rows_ok, -1, 0)
+    col_mask = tl.where(cols_ok, -1, 0)
+    return (v.to(tl.int32, bitcast=True) & row_mask & col_mask).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -1181,10 +1234,12 @@ def _mx_quantize(
     v, rl, rows_ok, dead, ob, ob0, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
     inv_max, emax, mbits, bias, max_code,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
-    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, BF16: tl.constexpr, COPIES: tl.constexpr,
+    TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, DTYPE: tl.constexpr, COPIES: tl.constexpr,
+    keep=None,
 ):  # fmt: skip
-    """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (fp32, the stage-1 values in x's
-    dtype): output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the row-wise block index, from
+    """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (the stage-1 values in fp32,
+    rounded here to ``DTYPE``, x's dtype; +0.0 in the columns where ``keep``, a per-column mask, is false):
+    output columns ``32 * ob + [0, 32)`` (``ob`` ``[1, NB, 1, 1]``, the row-wise block index, from
     the scalar ``ob0`` on;
     ``ob_ok``: the mxscale1 slots to write, pad slots included) of the block's rows ``rl`` (relative to the
     block's first row, where ``y1_ptr``, ``s1_ptr`` and ``y2_ptr`` point; y rows have ``width`` codes, FP4
@@ -1201,9 +1256,15 @@ def _mx_quantize(
     From the same registers: the row-wise blocks (axis 3: 32 columns of a row -> y1, mxscale1 slot ``ob``)
     and the column-wise blocks (axes 0 and 2: the 32 rows of a column, zero padded -> y2, mxscale2 at
     ``s2_ptr + 2 * column`` for columns below ``s2_cols``). With ``TRANSPOSE_Y2`` (FP8), y2 is
-    token-contiguous: row ``rl`` of column ``c`` at ``y2_ptr + c * m + rl``. ``BF16``: ``v`` holds widened
-    bf16 values (the amax reductions then pack two columns per register).
+    token-contiguous: row ``rl`` of column ``c`` at ``y2_ptr + c * m + rl``. bf16 values: the amax
+    reductions take two columns per register (:func:`_round_bf16_pairs`).
     """
+    if DTYPE == tl.bfloat16:
+        v, packed = _round_bf16_pairs(v, keep, HW_CVT)
+    else:
+        if keep is not None:
+            v = tl.where(keep, v, 0.0)
+        v = _round_to_dtype(v, DTYPE, HW_CVT)
     # |v| as fp32 bits: they order like the magnitudes (NaN above inf), and the exact widening of a 16-bit
     # value is monotonic, so their integer max is the widened 16-bit amax of the spec.
     bits = v.to(tl.int32, bitcast=True)
@@ -1216,8 +1277,8 @@ def _mx_quantize(
     else:
         y_ok = ok & (col < width)
         y_off = rl * width + col
-    if BF16:  # two columns per register
-        amax1, amax2 = _amax_bf16x2(bits)
+    if DTYPE == tl.bfloat16:  # two columns per register
+        amax1, amax2 = _amax_bf16x2(packed)
     elif HW_CVT and not _INTERPRETED:
         # A NaN-propagating float max of |v| (the abs is an operand modifier of FMNMX: no instruction of its
         # own): the same bits, except a NaN block's amax is the canonical NaN (its scale code is 0xFF too).
@@ -1349,17 +1410,25 @@ def _mx_fwd_tile(
         b_pad = b_pad_bits.to(tl.float32, bitcast=True)
     else:
         b_pad = b_pad_bits.to(tl.int16).to(DTYPE, bitcast=True)
-    xr, jb = _tile_edges(rl, last, ob * MX_BLOCK, n, MX_BLOCK, PLAIN_LOADS)
-    rows = None if PLAIN_LOADS else live
-    a, b = _load_pairs(xb, xr * (2 * n), jb, rows, n, n, a_index, b_pad, MX_BLOCK, INTERLEAVED, VEC)
+    if PAD_SELECT:
+        # The padding's values are not +0.0 (swiglu_ops.triton.padding): they are selected away after the
+        # GLU, so the loads need no padding values, and the rows past the block's last one read copies of
+        # it (clamped, as with plain loads: never stored, the amax unchanged); the columns past N are
+        # masked, and those and a dead block's rows selected away.
+        xr, jb = tl.minimum(rl, last), ob * MX_BLOCK
+        rows = tl.full([1, 1, 1, 1], 1, tl.int1)
+        pad = None
+    else:
+        xr, jb = _tile_edges(rl, last, ob * MX_BLOCK, n, MX_BLOCK, PLAIN_LOADS)
+        rows = None if PLAIN_LOADS else live
+        pad = b_pad
+    a, b = _load_pairs(xb, xr * (2 * n), jb, rows, n, n, a_index, pad, MX_BLOCK, INTERLEAVED, VEC)
     act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
-    if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
-        act = tl.where(live & (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n), act, 0.0)
-    act = _round_to_dtype(act, DTYPE, HW_CVT)
+    keep = (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n) & (not dead) if PAD_SELECT else None
     _mx_quantize(
         act, rl, rows_ok, dead, ob, tile * NB, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m,
         inv_max, emax, mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
-        DTYPE == tl.bfloat16, PLAIN_LOADS,
+        DTYPE, PLAIN_LOADS, keep,
     )  # fmt: skip
 
 
@@ -1439,10 +1508,8 @@ def _mx_bwd_tile(
         dy = _widen(tl.load(dyb + xr * n + j, mask=ok, other=0.0))
     ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST, DEN_KEY)
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
-        ga = tl.where(ok, ga, 0.0)
-        gb = tl.where(ok, gb, 0.0)
-    ga = _round_to_dtype(ga, DTYPE, HW_CVT)
-    gb = _round_to_dtype(gb, DTYPE, HW_CVT)
+        ga = _zero_outside(ga, live, j < n)
+        gb = _zero_outside(gb, live, j < n)
     if INTERLEAVED:
         a_first = a_index == 0
         v = tl.reshape(
@@ -1451,7 +1518,7 @@ def _mx_bwd_tile(
         _mx_quantize(
             v, rl, rows_ok, dead, blk, tile * NB, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols,
             m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
-            DTYPE == tl.bfloat16, PLAIN_LOADS,
+            DTYPE, PLAIN_LOADS,
         )  # fmt: skip
     else:
         blk_ok = blk * MX_BLOCK < n
@@ -1466,7 +1533,7 @@ def _mx_bwd_tile(
             _mx_quantize(
                 v, rl, rows_ok, dead, blk + shift, tile * NB + shift, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b,
                 s2b, s2_cols, m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT,
-                TRANSPOSE_Y2, HW_CVT, DTYPE == tl.bfloat16, PLAIN_LOADS,
+                TRANSPOSE_Y2, HW_CVT, DTYPE, PLAIN_LOADS,
             )  # fmt: skip
     if FAST:
         return tl.max(key)
