@@ -551,12 +551,13 @@ TUNE_GG = [
     for r, h, w in ((2, 256, 2), (8, 256, 8), (4, 512, 8), (2, 512, 4), (1, 1024, 4))
 ]  # fmt: skip
 # MX tiles: (forward output columns, warps); the backward's tile is half as many pairs (the same gradient
-# columns).
+# columns), its chunked HW_CVT tile as many pairs.
 TUNE_MX = [
-    dict(MX_BLOCK_N=b, MX_BWD_BLOCK_N=max(b // 2, 32), MX_NUM_WARPS=w, HW_CONVERSIONS=hw)
+    dict(MX_BLOCK_N=b, MX_BWD_BLOCK_N=max(b // 2, 32), MX_BWD_CHUNKED_BLOCK_N=b, MX_NUM_WARPS=w,
+         HW_CONVERSIONS=hw)
     for hw, (b, w) in [(False, t) for t in ((128, 4), (64, 4), (128, 8))]
     + [(True, t) for t in ((128, 4), (64, 4), (128, 8), (256, 8), (64, 2))]
-]
+]  # fmt: skip
 
 
 def run_tune(cases: list[dict], copy_ms: dict) -> list[dict]:
