@@ -344,8 +344,9 @@ PADDING_CASES = [
 def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, backward):
     """Both MX kernels on the clipped GLU with every padding decision: tiles padded along both axes
     (forward: N = 40 pairs, a partial 32-column block; both: rows past a group's end inside its last
-    32-row block; the backward on an unaligned x, where it loads the padding) give the reference's
-    outputs, so the padding stays +0.0 with the select and without it."""
+    32-row block; the backward on an unaligned x, where it loads the padding; the forward also with a
+    tail past the last group end, zeros) give the reference's outputs, so the padding stays +0.0 with the
+    select and without it."""
     from _fwd_oracles import assert_forward_matches
 
     from swiglu_ops.glu import GluParams
@@ -362,6 +363,11 @@ def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, back
     want = swiglu_ops.swiglu_mx_quant_dual_axis(x.cpu(), gi.cpu(), backend="reference", **glu)
     got = swiglu_ops.swiglu_mx_quant_dual_axis(x, gi, backend="triton", **glu)
     assert_forward_matches([t.cpu() for t in got], want, "triton", torch.float8_e4m3fn)
+    tail = torch.tensor([0, 33, 33, 60])  # rows 60-69: a tail, its 32-row block past the last group
+    args = (params, 1, mx.E4M3FN, "rint")
+    got = _mx_backend_outputs(triton_backend, x[None], None, tail.to(DEVICE), *args)
+    want = _mx_backend_outputs(reference_backend, x[None].cpu(), None, tail, *args)
+    assert_forward_matches(got, want, "triton", torch.float8_e4m3fn)
     x = _randn(70, 128, dtype=torch.bfloat16, scale=3.0, gen=gen)  # backward: 2N a multiple of 64
     dy = _randn(70, 64, dtype=torch.bfloat16, gen=gen)
     _check_mx(x, dy, gi, **glu)  # plain loads (no padding)
@@ -373,7 +379,7 @@ def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, back
 def _mx_backend_outputs(impl, x, dy, ends, glu, scale_alg, fmt, round_mode):
     """Both MX operators of ``impl`` (a backend module) on ``[1, M, 2N]`` inputs with the device path's
     group ends (unvalidated: a tail past the last end is allowed), into fresh buffers: 8 uint8 tensors
-    (the forward in ``fmt``, the backward in E4M3)."""
+    (the forward in ``fmt``, the backward in E4M3; ``dy`` None: the forward's 4)."""
     m, n = x.shape[-2], x.shape[-1] // 2
     rows = mx.mxscale2_rows(m, ends.numel())
 
@@ -383,6 +389,8 @@ def _mx_backend_outputs(impl, x, dy, ends, glu, scale_alg, fmt, round_mode):
 
     fwd, bwd = buffers(n, n // 2 if fmt.packed else n), buffers(2 * n, 2 * n)
     impl.swiglu_mx_quant(x, ends, glu, scale_alg, fmt, round_mode, *fwd)
+    if dy is None:
+        return [t.cpu() for t in fwd]
     impl.swiglu_bwd_mx_quant(x, dy, ends, glu, scale_alg, mx.E4M3FN, *bwd)
     return [t.cpu() for t in fwd + bwd]
 
