@@ -512,7 +512,8 @@ def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
     """The raw A and B elements of the pairs ``j`` from a row's two halves (A the left one for ``a_index``
     0); masked positions load A = 1.0 and B = ``b_pad`` (0.0, or -bias for the clipped MX forward: the
     padding's values, see ``swiglu_ops.triton.padding``; A = 1 keeps the fast quotient's key low, where a
-    zero numerator would send the tile to the exact path). ``mask`` None: plain loads."""
+    zero numerator would send the tile to the exact path; ``b_pad`` None: any values, for callers that
+    select them away). ``mask`` None: plain loads."""
     if mask is None:
         a = tl.load((ptr + a_index * half) + (row_off + j))
         b = tl.load((ptr + (1 - a_index) * half) + (row_off + j))
@@ -542,8 +543,9 @@ def _load_pairs(
 ):  # fmt: skip
     """A and B of the pairs ``jb + [0, K)`` of rows of ``2 * half`` elements that start at element
     ``row_off``, widened to fp32; pairs from ``bound`` on (``half``, or what is left of it after ``ptr``)
-    and rows not ``rows_ok`` load the padding of ``_load_halves`` (A = 1.0, B = ``b_pad``). ``rows_ok``
-    None: plain loads (no predicates, no padding moves), for callers whose addresses all exist.
+    and rows not ``rows_ok`` load the padding of ``_load_halves`` (A = 1.0, B = ``b_pad``; ``b_pad`` None:
+    any values, for callers that select them away). ``rows_ok`` None: plain loads (no predicates, no
+    padding moves), for callers whose addresses all exist.
 
     Chunked: A and B are the two halves (``_load_halves``). Interleaved: A and B are the even and odd
     elements (A the even one for ``a_index`` 0): one contiguous load of the 2K elements, widened (two
@@ -1162,42 +1164,42 @@ and.b32 $2, p, 0x7FFF7FFF;
 
 
 @triton.jit
-def _round_bf16_pairs(v, keep, HW_CVT: tl.constexpr):
-    """fp32 ``v`` ``[.., 32]`` rounded to bf16 (RNE) and widened back, and the rounded magnitudes' bits
-    with two columns per 32-bit register (``[.., 16]`` int32: column 2k in the low half, 2k + 1 in the
-    high half; the bf16 magnitudes' bits order like the magnitudes, NaN above inf, as the fp32 bits do):
-    what :func:`_amax_bf16x2` reduces. On the GPU (``HW_CVT``) one ``cvt.rn.bf16x2.f32`` per two columns
-    gives that register itself (its sign bits cleared by one ``and``), so the reductions need no packing;
-    elsewhere the packing of the widened values (a shift and one three-input logic op per two columns).
-
-    ``keep`` (None, or a mask that broadcasts to ``v``, constant along axes 0 and 2: per column): the
-    columns where it is false come out as +0.0, on the GPU by one ``and`` per two columns of the rounded
-    register (with a mask formed once per column pair) instead of a select per element."""
+def _round_bf16_pairs(v, keep):
+    """The GPU path (``HW_CVT``) of the bf16 rounding in :func:`_mx_quantize`: fp32 ``v`` ``[.., 32]``
+    rounded to bf16 (RNE) and widened back, and the rounded magnitudes' bits two columns per register
+    (:func:`_pack_bf16x2`'s result): one ``cvt.rn.bf16x2.f32`` per two columns is that register itself
+    (its sign bits cleared by one ``and``), so the reductions need no packing. ``keep`` (None, or a
+    per-column mask that broadcasts to ``v``): the columns where it is false come out as +0.0, by one
+    ``and`` per two columns of the rounded register (a mask formed once per column pair) instead of a
+    select per element."""
     even, odd = tl.split(tl.reshape(v, v.shape[:-1] + [v.shape[-1] // 2, 2]))
-    if HW_CVT and not _INTERPRETED:
-        if keep is None:
-            mask = tl.full([1] * len(v.shape), -1, tl.int32)
-        else:
-            cols = tl.broadcast_to(keep, [1, v.shape[1], 1, v.shape[-1]])
-            ke, ko = tl.split(tl.reshape(cols, [1, v.shape[1], 1, v.shape[-1] // 2, 2]))
-            mask = tl.where(ke, 0xFFFF, 0) | tl.where(ko, -65536, 0)
-        we, wo, packed = tl.inline_asm_elementwise(
-            _BF16X2_ROUND, "=r,=r,=r,r,r,r", [even, odd, mask], dtype=(tl.float32, tl.float32, tl.int32),
-            is_pure=True, pack=1,
-        )  # fmt: skip
-        return tl.reshape(tl.join(we, wo), v.shape), packed
+    if keep is None:
+        mask = tl.full([1] * len(v.shape), -1, tl.int32)
     else:
-        if keep is not None:
-            v = tl.where(keep, v, 0.0)
-        w = _round_to_dtype(v, tl.bfloat16, HW_CVT)
-        lo, hi = tl.split(tl.reshape(w.to(tl.uint32, bitcast=True), v.shape[:-1] + [v.shape[-1] // 2, 2]))
-        return w, (((lo >> 16) | hi) & 0x7FFF7FFF).to(tl.int32, bitcast=True)
+        cols = tl.broadcast_to(keep, [1, v.shape[1], 1, v.shape[-1]])
+        ke, ko = tl.split(tl.reshape(cols, [1, v.shape[1], 1, v.shape[-1] // 2, 2]))
+        mask = tl.where(ke, 0xFFFF, 0) | tl.where(ko, -65536, 0)
+    we, wo, packed = tl.inline_asm_elementwise(
+        _BF16X2_ROUND, "=r,=r,=r,r,r,r", [even, odd, mask], dtype=(tl.float32, tl.float32, tl.int32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+    return tl.reshape(tl.join(we, wo), v.shape), packed
+
+
+@triton.jit
+def _pack_bf16x2(w):
+    """The magnitudes' bits of widened bf16 values ``w`` ``[.., 32]`` with two columns per 32-bit register
+    (``[.., 16]`` int32: column 2k in the low half, 2k + 1 in the high half; the bf16 magnitudes' bits
+    order like the magnitudes, NaN above inf, as the fp32 bits do): what :func:`_amax_bf16x2` reduces.
+    A shift and one three-input logic op per two columns."""
+    lo, hi = tl.split(tl.reshape(w.to(tl.uint32, bitcast=True), w.shape[:-1] + [w.shape[-1] // 2, 2]))
+    return (((lo >> 16) | hi) & 0x7FFF7FFF).to(tl.int32, bitcast=True)
 
 
 @triton.jit
 def _amax_bf16x2(packed):
     """The row-wise and column-wise block amax of a tile of bf16 values, from their magnitudes' bits with
-    two columns per 32-bit register (``packed`` ``[R4, NB, R8, 16]``, :func:`_round_bf16_pairs`): each
+    two columns per 32-bit register (``packed`` ``[R4, NB, R8, 16]``, :func:`_pack_bf16x2`): each
     reduction step and shuffle serves two columns. Returns the magnitudes' fp32 bits ``[R4, NB, R8]``
     (rows) and ``[NB, 32]`` (columns)."""
     rows = _reduce_u16x2(packed, 3)
@@ -1205,16 +1207,6 @@ def _amax_bf16x2(packed):
     cols = _reduce_u16x2(_reduce_u16x2(packed, 0), 1)  # [NB, 16]
     cols = tl.reshape(tl.join(cols << 16, cols & -65536), [cols.shape[0], MX_BLOCK])
     return rows, cols
-
-
-@triton.jit
-def _zero_outside(v, rows_ok, cols_ok):
-    """fp32 ``v`` where ``rows_ok & cols_ok`` (broadcast), +0.0 elsewhere: its bits ANDed with a row mask and
-    a column mask (0 or -1, formed once per row and per column): one instruction per element (the MX
-    backward's padding select), where a select of the combined predicates took two."""
-    row_mask = tl.where(rows_ok, -1, 0)
-    col_mask = tl.where(cols_ok, -1, 0)
-    return (v.to(tl.int32, bitcast=True) & row_mask & col_mask).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -1257,14 +1249,17 @@ def _mx_quantize(
     and the column-wise blocks (axes 0 and 2: the 32 rows of a column, zero padded -> y2, mxscale2 at
     ``s2_ptr + 2 * column`` for columns below ``s2_cols``). With ``TRANSPOSE_Y2`` (FP8), y2 is
     token-contiguous: row ``rl`` of column ``c`` at ``y2_ptr + c * m + rl``. bf16 values: the amax
-    reductions take two columns per register (:func:`_round_bf16_pairs`).
+    reductions take two columns per register (:func:`_pack_bf16x2`; on the GPU path straight from the
+    rounding, :func:`_round_bf16_pairs`).
     """
-    if DTYPE == tl.bfloat16:
-        v, packed = _round_bf16_pairs(v, keep, HW_CVT)
+    if DTYPE == tl.bfloat16 and HW_CVT and not _INTERPRETED:  # the select folded into the rounding
+        v, packed = _round_bf16_pairs(v, keep)
     else:
         if keep is not None:
             v = tl.where(keep, v, 0.0)
         v = _round_to_dtype(v, DTYPE, HW_CVT)
+        if DTYPE == tl.bfloat16:
+            packed = _pack_bf16x2(v)
     # |v| as fp32 bits: they order like the magnitudes (NaN above inf), and the exact widening of a 16-bit
     # value is monotonic, so their integer max is the widened 16-bit amax of the spec.
     bits = v.to(tl.int32, bitcast=True)
@@ -1508,8 +1503,8 @@ def _mx_bwd_tile(
         dy = _widen(tl.load(dyb + xr * n + j, mask=ok, other=0.0))
     ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST, DEN_KEY)
     if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.triton.padding)
-        ga = _zero_outside(ga, live, j < n)
-        gb = _zero_outside(gb, live, j < n)
+        ga = tl.where(ok, ga, 0.0)
+        gb = tl.where(ok, gb, 0.0)
     if INTERLEAVED:
         a_first = a_index == 0
         v = tl.reshape(
