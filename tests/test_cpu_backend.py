@@ -22,7 +22,9 @@ import threading
 
 import pytest
 import torch
+from _compare import MX_NAMES as _MX_NAMES
 from _compare import assert_bitwise_equal, assert_exact, assert_group_grad_matches, assert_mx_matches
+from _fwd_oracles import assert_forward_matches
 from _oracles import known_gradient_inputs
 
 import swiglu_ops
@@ -232,15 +234,38 @@ def test_mx_quant_options_match_reference(dst_dtype, scale_alg, activate_left, i
     )
 
 
+@pytest.mark.parametrize("pairs", [32, 96, 512])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_mx_quant_rows_of_several_chunks_match_reference(dtype, isa):
-    """A task covers 512 pairs (16-bit) or 256 (fp32): 1088 pairs per row make three or five tasks per
-    32-row block, the last one partial, for both operators."""
+def test_mx_quant_rows_of_several_tasks_match_reference(dtype, pairs, isa):
+    """The library gives a task whole rows where they fit; ``mx_tile_pairs`` cuts them here into 34,
+    12 (the last partial) or 3 tasks of the 1088 pairs of a row per 32-row block, for both operators,
+    chunked and interleaved (GPT-OSS), FP8 and FP4, token-contiguous y2."""
     x, dy = _mx_inputs((70, 2176), dtype, seed=13)
     ends = torch.tensor([5, 40, 70])
-    _check_mx(x, dy, ends)
-    want = swiglu_ops.swiglu_mx_quant_dual_axis(x, ends, backend="reference")
-    assert_mx_matches(swiglu_ops.swiglu_mx_quant_dual_axis(x, ends, backend="cpu"), want, "cpu")
+    gpt_oss = {"interleaved": True, "alpha": 1.702, "limit": 7.0, "bias": 1.0}
+    calls = [
+        (swiglu_ops.swiglu_backward_mx_quant_dual_axis, (x, dy, ends), {}),
+        (swiglu_ops.swiglu_backward_mx_quant_dual_axis, (x, dy, ends), {"transpose_y2": True, **gpt_oss}),
+        (swiglu_ops.swiglu_mx_quant_dual_axis, (x, ends), {}),
+        (swiglu_ops.swiglu_mx_quant_dual_axis, (x, ends), {"dst_dtype": torch.float4_e2m1fn_x2, **gpt_oss}),
+    ]
+    for op, args, kwargs in calls:
+        whole = op(*args, backend="cpu", **kwargs)
+        with cpu_backend.mx_tile_pairs(pairs):
+            cut = op(*args, backend="cpu", **kwargs)
+        for a, b, name in zip(cut, whole, _MX_NAMES, strict=True):
+            assert_bitwise_equal(a.view(torch.uint8), b.view(torch.uint8), f"{op.__name__} {kwargs} {name}")
+        if op is swiglu_ops.swiglu_backward_mx_quant_dual_axis:
+            assert_mx_matches(cut, op(*args, backend="reference", **kwargs), "cpu")
+        else:
+            want = op(*args, backend="reference", **kwargs)
+            assert_forward_matches(cut, want, "cpu", kwargs.get("dst_dtype", torch.float8_e4m3fn))
+
+
+def test_mx_tile_pairs_takes_positive_ints_only():
+    for bad in (0, -32, 1.5, None):
+        with pytest.raises(ValueError, match="pairs"), cpu_backend.mx_tile_pairs(bad):
+            pass
 
 
 @pytest.mark.parametrize("shape", [(3, 70, 128), (2, 2, 33, 64), (1, 64)], ids=str)

@@ -274,6 +274,7 @@ def _mx(
     args.scale_alg = scale_alg
     args.round_mode = _round_mode(round_mode)
     args.transpose_y2 = transpose_y2
+    args.tile_pairs = _mx_tile_pairs
     _fill_glu(args.glu, glu)
     _run("swiglu_mx_run", args)
 
@@ -304,6 +305,25 @@ def instruction_set(name: str):
         LIBRARY.isa, LIBRARY.isa_code = saved
 
 
+#: The MX operators' pairs per task at most (0: the library's choice); see ``mx_tile_pairs``.
+_mx_tile_pairs = 0
+
+
+@contextlib.contextmanager
+def mx_tile_pairs(pairs: int):
+    """Cut every row of the MX operators into tasks of at most ``pairs`` pairs (a multiple of 32 is used)
+    inside the ``with`` block: for tests, which thus run the several-tasks-per-row paths at small shapes (the
+    bits do not depend on the cut). Not thread-safe."""
+    global _mx_tile_pairs
+    if not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"pairs must be a positive int, got {pairs!r}")
+    saved, _mx_tile_pairs = _mx_tile_pairs, pairs
+    try:
+        yield
+    finally:
+        _mx_tile_pairs = saved
+
+
 def act_table(
     kind: int, dtype: torch.dtype, alpha: float = 1.0, limit: float = math.inf, isa: str = ""
 ) -> torch.Tensor:
@@ -326,6 +346,7 @@ __all__ = [
     "empty_cache",
     "instruction_set",
     "is_available",
+    "mx_tile_pairs",
     "swiglu_group_grad",
     "swiglu_bwd_mx_quant",
     "clipped_swiglu",

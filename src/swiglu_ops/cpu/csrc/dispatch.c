@@ -140,7 +140,7 @@ static int grow_workers(int want) {
         pthread_t thread;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 1 << 20); /* a task keeps a 64 KiB tile on the stack */
+        pthread_attr_setstacksize(&attr, 1 << 20); /* MX tiles live in swiglu_thread_buffer, not here */
         pool.born[pool.n_workers] = pool.generation;
         const int failed = pthread_create(&thread, &attr, worker, (void *)(intptr_t)pool.n_workers);
         pthread_attr_destroy(&attr);
@@ -238,6 +238,48 @@ void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads
     while (pool.active > 0) pthread_cond_wait(&pool.done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.busy);
+}
+
+/* ---------------------------------------------------------------------------- per-thread memory */
+
+/* A task's working memory (the MX tile, up to about 1 MiB) is a buffer of the thread that runs it, kept
+   between jobs and grown when a job needs more: thread stacks are too small for it (PyTorch's OpenMP
+   threads have the runtime's default, OMP_STACKSIZE can shrink it), and allocating per task would fault its
+   pages in again on every call. A thread's buffer is freed when the thread exits. */
+static pthread_key_t buffer_key;
+static pthread_once_t buffer_once = PTHREAD_ONCE_INIT;
+static int buffer_key_ok;
+static __thread void *buffer;
+static __thread size_t buffer_bytes;
+
+static void make_buffer_key(void) { buffer_key_ok = pthread_key_create(&buffer_key, free) == 0; }
+
+void *swiglu_thread_buffer(size_t bytes) {
+    if (bytes <= buffer_bytes) return buffer;
+    pthread_once(&buffer_once, make_buffer_key);
+    if (!buffer_key_ok) return NULL;
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    void *p = aligned_alloc(4096, rounded);
+    if (p == NULL) return NULL;
+    free(buffer);
+    buffer = p;
+    buffer_bytes = rounded;
+    pthread_setspecific(buffer_key, p); /* freed at thread exit */
+    return p;
+}
+
+/* The data cache per core below the shared level (L2), from the C library; 0 where it does not say. */
+static size_t l2_bytes;
+static pthread_once_t l2_once = PTHREAD_ONCE_INIT;
+static void find_l2(void) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    l2_bytes = v > 0 ? (size_t)v : 0;
+#endif
+}
+size_t swiglu_l2_cache_bytes(void) {
+    pthread_once(&l2_once, find_l2);
+    return l2_bytes;
 }
 
 /* ----------------------------------------------------------------------------- activation tables */

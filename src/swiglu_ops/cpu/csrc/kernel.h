@@ -7,6 +7,7 @@
 #define SWIGLU_KERNEL_H
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,6 +32,12 @@
    caller included, and returns when all are done. Tasks must be independent. */
 typedef void (*task_fn)(const void *ctx, int64_t t);
 void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads);
+
+/* A buffer of at least ``bytes`` (4 KiB-aligned) that belongs to the calling thread and is kept for its next
+   call (the same memory when it is large enough); NULL if it cannot be allocated (dispatch.c). */
+void *swiglu_thread_buffer(size_t bytes);
+/* The per-core L2 data cache in bytes, 0 if the C library does not say (dispatch.c). */
+size_t swiglu_l2_cache_bytes(void);
 
 /* The activation tables (dispatch.c): the table of (kind, dtype, alpha, limit), built by ``build`` on first
    use and kept; NULL if it could not be allocated. */
