@@ -308,13 +308,6 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
         uint8_t *y1 = a->y1 + row * y_stride + seg;
         uint8_t *y2 = a->transpose_y2 ? y2t + i * width : a->y2 + row * y_stride + seg;
         uint8_t *s1 = a->s1 + row * s1_stride + col0 / MX_BLOCK;
-        if (i + 1 < blk->nrows) { /* the next row's code lines, for writing (each row is a new 4 KiB page) */
-            const int64_t bytes = fp4 ? width / 2 : width;
-            for (int64_t o = 0; o < bytes; o += 64) {
-                __builtin_prefetch(y1 + y_stride + o, 1, 3);
-                if (!a->transpose_y2) __builtin_prefetch(y2 + y_stride + o, 1, 3);
-            }
-        }
         for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
             const int64_t nb = nblk - k0 < 16 ? nblk - k0 : 16, col = 32 * k0;
             const int64_t n = width - col < 32 * nb ? width - col : 32 * nb;
