@@ -208,7 +208,7 @@ INLINE void v_storef(float *p, vf a, vm m) { u_store32((uint32_t *)p, v_bits(a),
    than a real store and load back (store forwarding). */
 INLINE void lookup_keys(__m256i idx, const uint16_t *src, const int stride, uint32_t k[8]) {
     if (src != NULL) {
-        for (int i = 0; i < 8; i++) k[i] = src[i * stride];
+        src_keys(src, stride, 8, k);
     } else {
         _mm256_store_si256((__m256i *)k, idx);
     }
