@@ -24,7 +24,8 @@ void FN(act_build)(int kind, int dt, float alpha, float limit, float *out) {
 
 /* swiglu_fp8_x32_check (swiglu_cpu.h) for this instruction set: fp8x32_code2 against fp8_encode (FP8) or
    fp4_encode with round mode rint (FP4), for every 16-bit pattern under every scale code, on both axes (the
-   second under the scale code 255 - s, so that every pair of normal and subnormal results meets). */
+   second under the scale code 255 - s, so that every pair of normal and subnormal results meets); with and
+   without fp8x32_code2's ``rare`` branch, alternately from one (32 patterns, scale code) case to the next. */
 void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
     const int fp4 = format == SWIGLU_FMT_E2M1 || format == SWIGLU_FMT_E1M2; /* FP4: rint, the OCP rule */
     const swiglu_mx_args args = {.format = format, .round_mode = SWIGLU_ROUND_RINT, .scale_alg = fp4 ? 0 : 1};
@@ -51,8 +52,9 @@ void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
             for (int i = 0; i < 32; i++) bits[i] = (uint16_t)(base + i);
             const fp8x32_values p = fp8x32_prepare(&c, w_load(bits, w_lanes(32)));
             vw c1, c2;
-            if (fp4) fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2, 1);
-            else fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2, 0);
+            const int rare = (int)((base / 32 + scale) & 1);
+            if (fp4) fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2, 1, rare);
+            else fp8x32_code2(&c, &p, off[0], off[1], &c1, &c2, 0, rare);
             w_store8(fast[0], w_and(c1, kv[0]), w_lanes(32));
             w_store8(fast[1], w_and(c2, kv[1]), w_lanes(32));
             for (int k = 0; k < 2; k++)

@@ -207,12 +207,14 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
 
 /* 32 values from ``v + j`` (``m``: those that exist): both code rows (FP8: a byte each; FP4: two per byte),
    y1 with their row block's ``off1``, y2 with their columns' ``off2``; ``special`` (a constant): some block
-   is NaN/inf, its lanes' ``keep1``/``keep2`` 0 (codes 0x00). Returns ``acc`` updated by fp8x32_track. */
+   is NaN/inf, its lanes' ``keep1``/``keep2`` 0 (codes 0x00); ``rare``: fp8x32_code2's. Returns ``acc``
+   updated by fp8x32_track. */
 INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw off1, vw keep1, const uint16_t *off2,
-                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4, const int special) {
+                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4, const int special,
+                    int rare) {
     const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
     vw c1, c2;
-    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2, fp4);
+    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2, fp4, rare);
     if (special) {
         c1 = w_and(c1, keep1);
         c2 = w_and(c2, w_load(keep2 + j, m));
@@ -230,15 +232,15 @@ INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw o
 /* The codes_x32 steps over ``n`` <= 512 values, full vectors first (plain loads and stores). */
 INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
                     const uint16_t *off2, const uint16_t *keep2, int64_t n, const fp8x32_format *c, const int fp4,
-                    const int special) {
+                    const int special, int rare) {
     vw acc = w_set(0xFFFF);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
         acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32),
-                        fp4, special);
+                        fp4, special, rare);
     if (j < n)
         acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j),
-                        fp4, special);
+                        fp4, special, rare);
     return acc;
 }
 
@@ -246,13 +248,14 @@ INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t 
    time by fp8x32_code2, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
    the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
    one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte); ``special``: some of these
-   blocks or columns is NaN/inf. If the run holds a subnormal source (fp8x32_code2 does not encode those),
+   blocks or columns is NaN/inf; ``rare``: the forward's FP8 codes (fp8x32_code2). If the run holds a subnormal source (fp8x32_code2 does not encode those),
    both rows are encoded again, the whole run, by the per-element encoders. */
 INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
                             vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
-                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4, int special) {
-    const vw acc = special ? codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 1)
-                           : codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 0);
+                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4, int special,
+                            int rare) {
+    const vw acc = special ? codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 1, rare)
+                           : codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 0, rare);
     if (__builtin_expect(!fp8x32_subnormal_sources(c, acc), 1)) return;
     float r[16];
     v_storef(r, r1, m_all());
@@ -273,6 +276,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
     const swiglu_mx_args *a = job->a;
     const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
     const int x32 = dt != SWIGLU_FP32 && (!fp4 || f.round_mode == SWIGLU_ROUND_RINT);
+    const int rare = !a->backward && !fp4; /* few subnormal results (fp8x32_code2) */
     const fp8x32_format c = fp8x32_of(&f, dt == SWIGLU_FP32 ? SWIGLU_BF16 : dt);
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2, W = job->width;
     const int64_t s1_stride = 2 * ((W + 63) / 64), y_stride = fp4 ? W / 2 : W;
@@ -327,7 +331,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
                 const int64_t at = fp4 ? col / 2 : col; /* the block's first code byte */
                 const int special = m_any(m_or(col_special, m_and(m_lanes(nb), u_eq(codes, u_set(0xFF)))));
                 store_codes_x32(y1 + at, y2 + at, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
-                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4, special);
+                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4, special, rare);
                 continue;
             }
             float r[16];
