@@ -17,7 +17,9 @@ For every case, in one run on the same machine:
   For swiglu_group_grad, grad_weight is a plain ``torch.sum`` there instead of the reference's NumPy-order
   pairwise sum, which Inductor cannot compile in reasonable time (that only makes the baseline faster).
 
-Times are medians over repeats. Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call
+Times are medians over repeats. The copy and the op (as called and with ``out=``) are timed in turns, one
+call of each per round, so that the ratio sees the same moments of a shared, noisy host: timed one after the
+other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call
 latency of each operator in a fresh interpreter) and ``bench_cpu.png`` (% of copy roofline and time over
 sizes) into ``--out``.
 """
@@ -108,13 +110,20 @@ def _progress(msg: str) -> None:
 
 
 def _time_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: JIT compilation, caches, first-touch of reused buffers
-    times = []
+    return _time_in_turns_ms([fn], repeats)[0]
+
+
+def _time_in_turns_ms(fns, repeats: int) -> list[float]:
+    """The median time of each of ``fns``, timed in turns: one call of each per round, ``repeats`` rounds."""
+    for fn in fns:
+        fn()  # warm-up: JIT compilation, caches, first-touch of reused buffers
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for fn, record in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            record.append(time.perf_counter() - t0)
+    return [1e3 * statistics.median(t) for t in times]
 
 
 def _uneven_counts(rows: int, groups: int, gen: torch.Generator) -> torch.Tensor:
@@ -228,13 +237,17 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
     args, kwargs, kernel_args, outs, nbytes = _prepare(case, gen)
     src = torch.ones(nbytes // 2, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
     dst = torch.empty_like(src)
-    _progress(f"{case.name}: copy roofline ({nbytes / 1e6:.0f} MB)")
-    copy_ms = _time_ms(lambda: dst.copy_(src), repeats)
-    _progress(f"{case.name}: fused cpu kernel")
+    _progress(f"{case.name}: fused cpu kernel and the copy roofline ({nbytes / 1e6:.0f} MB), in turns")
     with _isa(case.isa):
         isa = cpu.LIBRARY.isa
-        fused_ms = _time_ms(lambda: _call(case.op, args, kwargs, "cpu"), repeats)
-        fused_out_ms = _time_ms(lambda: _call(case.op, args, kwargs, "cpu", out=outs), repeats)
+        copy_ms, fused_ms, fused_out_ms = _time_in_turns_ms(
+            [
+                lambda: dst.copy_(src),
+                lambda: _call(case.op, args, kwargs, "cpu"),
+                lambda: _call(case.op, args, kwargs, "cpu", out=outs),
+            ],
+            repeats,
+        )
     eager_ms = compiled_ms = None
     compiled_error = ""
     if case.baselines:
