@@ -19,9 +19,9 @@ For every case, in one run on the same machine:
 
 Times are medians over repeats. The copy and the op (as called and with ``out=``) are timed in turns, one
 call of each per round, so that the ratio sees the same moments of a shared, noisy host: timed one after the
-other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call
-latency of each operator in a fresh interpreter) and ``bench_cpu.png`` (% of copy roofline and time over
-sizes) into ``--out``.
+other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Writes
+``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call latency of each operator in a fresh
+interpreter) and ``bench_cpu.png`` (% of copy roofline and time over sizes) into ``--out``.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _time_in_turns_ms(fns, repeats: int) -> list[float]:
         fn()  # warm-up: JIT compilation, caches, first-touch of reused buffers
     times = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, record in zip(fns, times):
+        for fn, record in zip(fns, times, strict=True):
             t0 = time.perf_counter()
             fn()
             record.append(time.perf_counter() - t0)
