@@ -57,23 +57,4 @@ SWIGLU_DECLARE_ISA(avx2)
 SWIGLU_DECLARE_ISA(avx512)
 SWIGLU_DECLARE_ISA(avx512_bf16)
 
-/* The ``n`` (a multiple of 4) table indices src[i * stride] (stride 1 or 2) of the activation lookups, read 64
-   bits at a time: a quarter (stride 1) or half (stride 2) of the loads of one per index, the rest shifts and
-   masks, which run beside the table loads (M=8192, 2H=4096 bf16, 2 threads of a Zen 4, A/B in one process:
-   MX forward 6.1 -> 5.9 ms). */
-INLINE void src_keys(const uint16_t *src, const int stride, const int n, uint32_t *k) {
-    for (int i = 0; i < n; i += 4) {
-        uint64_t w0, w1;
-        memcpy(&w0, src + i * stride, 8);
-        if (stride == 1) {
-            k[i] = (uint32_t)(w0 & 0xFFFF), k[i + 1] = (uint32_t)((w0 >> 16) & 0xFFFF);
-            k[i + 2] = (uint32_t)((w0 >> 32) & 0xFFFF), k[i + 3] = (uint32_t)(w0 >> 48);
-        } else {
-            memcpy(&w1, src + i * stride + 4, 8);
-            k[i] = (uint32_t)(w0 & 0xFFFF), k[i + 1] = (uint32_t)((w0 >> 32) & 0xFFFF);
-            k[i + 2] = (uint32_t)(w1 & 0xFFFF), k[i + 3] = (uint32_t)((w1 >> 32) & 0xFFFF);
-        }
-    }
-}
-
 #endif

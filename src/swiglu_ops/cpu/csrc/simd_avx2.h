@@ -11,6 +11,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "simd_x86.h"
+
 #define SIMD_NAME "avx2"
 
 typedef struct {
@@ -223,20 +225,13 @@ INLINE __m256 lookup8(const float *t, __m256i idx, const uint16_t *src, const in
 INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int stride) {
     return (vf){lookup8(table, idx.lo, src, stride), lookup8(table, idx.hi, src == NULL ? NULL : src + 8 * stride, stride)};
 }
-/* (table[2 idx], table[2 idx + 1]) in every lane: one 8-byte load per lane, then two shuffles per 8 lanes. */
-INLINE __m128 ld_entry2(const float *t, uint32_t i, uint32_t j) { /* (t[2i], t[2i+1], t[2j], t[2j+1]) */
-    const __m128 a = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(t + 2 * (size_t)i)));
-    return _mm_loadh_pi(a, (const __m64 *)(t + 2 * (size_t)j));
-}
+/* (table[2 idx], table[2 idx + 1]) in every lane (entries2x8). */
 INLINE void lookup8x2(const float *t, __m256i idx, const uint16_t *src, const int stride, __m256 *a, __m256 *b) {
     _Alignas(32) uint32_t k[8];
     lookup_keys(idx, src, stride, k);
     /* without ``src``, the stored indices are read back as scalars: for these loads that beat the extracts */
     if (src == NULL) __asm__("" : "+m"(k));
-    const __m256 x = _mm256_insertf128_ps(_mm256_castps128_ps256(ld_entry2(t, k[0], k[1])), ld_entry2(t, k[4], k[5]), 1);
-    const __m256 y = _mm256_insertf128_ps(_mm256_castps128_ps256(ld_entry2(t, k[2], k[3])), ld_entry2(t, k[6], k[7]), 1);
-    *a = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0));
-    *b = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+    entries2x8(t, k, a, b);
 }
 INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
     lookup8x2(table, idx.lo, src, stride, &a->lo, &b->lo);

@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "simd_x86.h"
+
 #define SIMD_NAME "avx512"
 
 typedef __m512 vf;    /* 16 x fp32 */
@@ -119,13 +121,25 @@ INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int st
     const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(q[2]), q[3], 1);
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
+/* (table[2 idx], table[2 idx + 1]) in every lane (swiglu_group_grad's (silu, silu') table): where the indices
+   are in memory, one 8-byte load per lane (entries2x8), as on AVX2, else two gathers. Against the sigmoid
+   table and the arithmetic that forms silu and silu' from it (bf16 group_grad, M=8192, 2H=4096, Zen 4, A/B
+   in one process): one thread 16.2 -> 14.6 ms, two 7.5 -> 7.3. */
 INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
-    (void)src, (void)stride;
-    *a = _mm512_i32gather_ps(idx, table, 8);
-    *b = _mm512_i32gather_ps(idx, table + 1, 8);
+    if (src == NULL) {
+        *a = _mm512_i32gather_ps(idx, table, 8);
+        *b = _mm512_i32gather_ps(idx, table + 1, 8);
+        return;
+    }
+    uint32_t k[16];
+    src_keys(src, stride, 16, k);
+    __m256 a0, b0, a1, b1;
+    entries2x8(table, k, &a0, &b0);
+    entries2x8(table, k + 8, &a1, &b1);
+    *a = _mm512_insertf32x8(_mm512_castps256_ps512(a0), a1, 1);
+    *b = _mm512_insertf32x8(_mm512_castps256_ps512(b0), b1, 1);
 }
-/* A second gather per 16 lanes costs about what the arithmetic it would replace does: one-float tables. */
-#define SIMD_TABLE_PAIRS 0
+#define SIMD_TABLE_PAIRS 1
 /* Lanes of pairs -> lanes of elements: bit i of the 8-bit ``m`` becomes bits 2i and 2i + 1. */
 INLINE vm m_pairs(unsigned m) {
     m &= 0xFF;
