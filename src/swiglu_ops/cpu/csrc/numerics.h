@@ -250,6 +250,7 @@ typedef struct {
     uint16_t rh, normal, max_code, kd; /* RNE bias; smallest normal code; saturation; k - d */
     uint16_t sub_max;                  /* the largest subnormal source magnitude (bits) */
     int16_t d;
+    int lut;                           /* E2M1 codes by table (fp8x32_e2m1_lut; its own block offset) */
 } fp8x32_format;
 
 INLINE fp8x32_format fp8x32_of(const mx_format *f, const int dt) {
@@ -267,16 +268,20 @@ INLINE fp8x32_format fp8x32_of(const mx_format *f, const int dt) {
         .kd = (uint16_t)(k - d),
         .sub_max = (uint16_t)((1 << src) - 1),
         .d = (int16_t)d,
+        .lut = SIMD_LUT64 && f->fp4 && mbits == 1,
     };
     return c;
 }
 
 /* Per block (or column) from its scale code S: off = (k - S) << mbits (16-bit; |k - S| < 256, so it fits and
-   an arithmetic shift gives k - S back), and keep (0 for a NaN/inf block). */
+   an arithmetic shift gives k - S back), or for the E2M1 table (``lut``) (k - S + 2) << 3; and keep (0 for a
+   NaN/inf block). */
 INLINE vu fp8x32_block(const fp8x32_format *c, vu codes, vu *keep) {
     *keep = u_sel(u_eq(codes, u_set(0xFF)), u_zero(), u_set(0xFFFF));
     const vu q = u_sub(codes, u_set((uint32_t)(int32_t)c->d)); /* S - d */
-    return u_and(u_shl(u_sub(u_set(c->kd), q), c->mbits), u_set(0xFFFF));
+    const vu k_s = u_sub(u_set(c->kd), q);                      /* k - S */
+    if (c->lut) return u_and(u_shl(u_add(k_s, u_set(2)), 3), u_set(0xFFFF));
+    return u_and(u_shl(k_s, c->mbits), u_set(0xFFFF));
 }
 
 /* What fp8x32_code2 needs of 32 values, whatever their block: computed once for both axes. */
@@ -335,6 +340,34 @@ INLINE void fp8x32_subnormal_e2m1(const fp8x32_format *c, const fp8x32_values *p
     *r2 = w_sel(w_eq(s2, at), unit, w_sel(w_eq(s2, above), half, zero));
 }
 
+#if SIMD_LUT64
+/* E2M1 codes (magnitudes) by table: with e = E + k - S, the value's exponent in the format's bias, the code
+   is a function of e and three mantissa bits (the top one, the half below it, the sticky rest): for e >= 1
+   (normal) (e << 1 | top) rounded to nearest even and saturated at 7; e = 0: 1 + top (units of 0.5 in
+   [1, 2), 1.5 ties to 2); e = -1: 1 unless the value is exactly 0.5 units (a tie to 0); e <= -2: 0. Row
+   e + 2 (clamped to 0-7) of the table, column (top, half, sticky). */
+static const uint16_t e2m1_codes[64] = {
+    0, 0, 0, 0, 0, 0, 0, 0, /* e <= -2 */
+    0, 1, 1, 1, 1, 1, 1, 1, /* e = -1 */
+    1, 1, 1, 1, 2, 2, 2, 2, /* e = 0 */
+    2, 2, 2, 3, 3, 3, 4, 4, /* e = 1 */
+    4, 4, 4, 5, 5, 5, 6, 6, /* e = 2 */
+    6, 6, 6, 7, 7, 7, 7, 7, /* e = 3 */
+    7, 7, 7, 7, 7, 7, 7, 7, /* e = 4 */
+    7, 7, 7, 7, 7, 7, 7, 7, /* e >= 5 */
+};
+
+/* The E2M1 codes of 32 values under the offsets ``off1``/``off2`` ((k - S + 2) << 3, fp8x32_block): index
+   (E << 3 | top, half, sticky) + off, clamped to the table (below 0: e <= -2; above 63: e >= 5), zeros 0. */
+INLINE void fp8x32_e2m1_lut(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2) {
+    const vw lo = w_load(e2m1_codes, w_lanes(32)), hi = w_load(e2m1_codes + 32, w_lanes(32));
+    const vw sticky = w_min(w_and(p->a, w_set((uint16_t)((1 << (c->src_mbits - 2)) - 1))), w_set(1));
+    const vw em = w_or(w_shr(p->a, c->src_mbits - 3), sticky);
+    *c1 = w_or(w_lut64z(p->nz, w_clamp_s(w_add(em, off1), 0, 63), lo, hi), p->sign);
+    *c2 = w_or(w_lut64z(p->nz, w_clamp_s(w_add(em, off2), 0, 63), lo, hi), p->sign);
+}
+#endif
+
 /* The codes of the same 32 values under two block offsets (the row block's, ``off1``, and the column's,
    ``off2``), sign included; the lanes of a NaN/inf block are the caller's (its ``keep``). Normal results
    are the rounded source plus the offset (zeros give 0); the subnormal ones are computed for every lane
@@ -347,6 +380,12 @@ INLINE void fp8x32_subnormal_e2m1(const fp8x32_format *c, const fp8x32_values *p
    subnormal) has its own, cheaper form. */
 INLINE void fp8x32_code2(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2,
                          const int fp4, int rare) {
+#if SIMD_LUT64
+    if (fp4 && c->lut) {
+        fp8x32_e2m1_lut(c, p, off1, off2, c1, c2);
+        return;
+    }
+#endif
     const vw n1 = w_add(p->r, off1), n2 = w_add(p->r, off2), normal = w_set(c->normal);
     const vwm lt1 = w_lt_s(n1, normal), lt2 = w_lt_s(n2, normal);
     vw k1 = w_minz(p->nz, n1, w_set(c->max_code)), k2 = w_minz(p->nz, n2, w_set(c->max_code));

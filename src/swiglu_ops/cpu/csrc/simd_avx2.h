@@ -239,6 +239,8 @@ INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int
 }
 /* Two-float table entries are cheaper than the arithmetic they replace (their loads cost what one float's do). */
 #define SIMD_TABLE_PAIRS 1
+/* No 64-entry 16-bit table lookup (numerics.h fp8x32_code2 computes E2M1 codes by compares). */
+#define SIMD_LUT64 0
 /* 16 consecutive 32-bit elements (8 pairs) as their even and odd ones. */
 INLINE void deinterleave8(__m256i x0, __m256i x1, __m256i *even, __m256i *odd) {
     const __m256 a = CASTF(x0), b = CASTF(x1);

@@ -265,6 +265,14 @@ INLINE vw w_sra(vw a, int n) { return _mm512_sra_epi16(a, _mm_cvtsi32_si128(n));
 INLINE vw w_min(vw a, vw b) { return _mm512_min_epu16(a, b); }
 INLINE vw w_minz(vwm m, vw a, vw b) { return _mm512_maskz_min_epu16(m, a, b); } /* m ? min(a, b) : 0 */
 INLINE vw w_max(vw a, vw b) { return _mm512_max_epu16(a, b); }
+/* Signed lanes clamped to [lo, hi]. */
+INLINE vw w_clamp_s(vw a, int16_t lo, int16_t hi) {
+    return _mm512_min_epi16(_mm512_max_epi16(a, _mm512_set1_epi16(lo)), _mm512_set1_epi16(hi));
+}
+/* A 64-entry table of 16-bit values (``lo``: entries 0-31, ``hi``: 32-63) at the indices ``idx`` (0-63),
+   lanes outside ``m`` 0: one vpermi2w. The layers without it (SIMD_LUT64 0) take another form. */
+#define SIMD_LUT64 1
+INLINE vw w_lut64z(vwm m, vw idx, vw lo, vw hi) { return _mm512_maskz_permutex2var_epi16(m, lo, idx, hi); }
 /* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
 INLINE vw w_pack(vu lo, vu hi) {
     const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,

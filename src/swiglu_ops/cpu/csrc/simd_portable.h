@@ -207,6 +207,8 @@ HEAVY void v_lookup2(const float *table, vu idx, const uint16_t *src, const int 
     *b = y;
 }
 #define SIMD_TABLE_PAIRS 1
+/* No 64-entry 16-bit table lookup (numerics.h fp8x32_code2 computes E2M1 codes by compares). */
+#define SIMD_LUT64 0
 HEAVY void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {
     vu e = u_zero(), o = u_zero();
     FOR_LANES if (m[i_]) {
