@@ -248,8 +248,9 @@ INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t 
    time by fp8x32_code2, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
    the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
    one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte); ``special``: some of these
-   blocks or columns is NaN/inf; ``rare``: the forward's FP8 codes (fp8x32_code2). If the run holds a subnormal source (fp8x32_code2 does not encode those),
-   both rows are encoded again, the whole run, by the per-element encoders. */
+   blocks or columns is NaN/inf; ``rare``: the forward's FP8 codes (fp8x32_code2). If the run holds a
+   subnormal source (fp8x32_code2 does not encode those), both rows are encoded again, the whole run, by the
+   per-element encoders. */
 INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
                             vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
                             const fp8x32_format *c, const mx_format *f, const int dt, const int fp4, int special,

@@ -273,14 +273,19 @@ INLINE fp8x32_format fp8x32_of(const mx_format *f, const int dt) {
     return c;
 }
 
+/* The layout of the E2M1 code table (fp8x32_e2m1_lut): row e + E2M1_ROW0 for the exponent e, 2**E2M1_COLS
+   columns (mantissa bits) a row. */
+#define E2M1_ROW0 2
+#define E2M1_COLS 3
+
 /* Per block (or column) from its scale code S: off = (k - S) << mbits (16-bit; |k - S| < 256, so it fits and
-   an arithmetic shift gives k - S back), or for the E2M1 table (``lut``) (k - S + 2) << 3; and keep (0 for a
-   NaN/inf block). */
+   an arithmetic shift gives k - S back), or for the E2M1 table (``lut``) the index offset of its row,
+   (k - S + E2M1_ROW0) << E2M1_COLS; and keep (0 for a NaN/inf block). */
 INLINE vu fp8x32_block(const fp8x32_format *c, vu codes, vu *keep) {
     *keep = u_sel(u_eq(codes, u_set(0xFF)), u_zero(), u_set(0xFFFF));
     const vu q = u_sub(codes, u_set((uint32_t)(int32_t)c->d)); /* S - d */
     const vu k_s = u_sub(u_set(c->kd), q);                      /* k - S */
-    if (c->lut) return u_and(u_shl(u_add(k_s, u_set(2)), 3), u_set(0xFFFF));
+    if (c->lut) return u_and(u_shl(u_add(k_s, u_set(E2M1_ROW0)), E2M1_COLS), u_set(0xFFFF));
     return u_and(u_shl(k_s, c->mbits), u_set(0xFFFF));
 }
 
@@ -345,8 +350,8 @@ INLINE void fp8x32_subnormal_e2m1(const fp8x32_format *c, const fp8x32_values *p
    is a function of e and three mantissa bits (the top one, the half below it, the sticky rest): for e >= 1
    (normal) (e << 1 | top) rounded to nearest even and saturated at 7; e = 0: 1 + top (units of 0.5 in
    [1, 2), 1.5 ties to 2); e = -1: 1 unless the value is exactly 0.5 units (a tie to 0); e <= -2: 0. Row
-   e + 2 (clamped to 0-7) of the table, column (top, half, sticky). */
-static const uint16_t e2m1_codes[64] = {
+   e + E2M1_ROW0 (clamped to 0-7) of the table, column (top, half, sticky). */
+static const uint16_t e2m1_codes[8 << E2M1_COLS] = {
     0, 0, 0, 0, 0, 0, 0, 0, /* e <= -2 */
     0, 1, 1, 1, 1, 1, 1, 1, /* e = -1 */
     1, 1, 1, 1, 2, 2, 2, 2, /* e = 0 */
@@ -357,12 +362,13 @@ static const uint16_t e2m1_codes[64] = {
     7, 7, 7, 7, 7, 7, 7, 7, /* e >= 5 */
 };
 
-/* The E2M1 codes of 32 values under the offsets ``off1``/``off2`` ((k - S + 2) << 3, fp8x32_block): index
-   (E << 3 | top, half, sticky) + off, clamped to the table (below 0: e <= -2; above 63: e >= 5), zeros 0. */
+/* The E2M1 codes of 32 values under the row offsets ``off1``/``off2`` (fp8x32_block): index
+   (E << E2M1_COLS | top, half, sticky) + off, clamped to the table (below 0: e <= -2; above 63: e >= 5),
+   zeros 0. */
 INLINE void fp8x32_e2m1_lut(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2) {
     const vw lo = w_load(e2m1_codes, w_lanes(32)), hi = w_load(e2m1_codes + 32, w_lanes(32));
-    const vw sticky = w_min(w_and(p->a, w_set((uint16_t)((1 << (c->src_mbits - 2)) - 1))), w_set(1));
-    const vw em = w_or(w_shr(p->a, c->src_mbits - 3), sticky);
+    const vw sticky = w_min(w_and(p->a, w_set((uint16_t)((1 << (c->src_mbits - E2M1_COLS + 1)) - 1))), w_set(1));
+    const vw em = w_or(w_shr(p->a, c->src_mbits - E2M1_COLS), sticky); /* E, top, half, one more bit */
     *c1 = w_or(w_lut64z(p->nz, w_clamp_s(w_add(em, off1), 0, 63), lo, hi), p->sign);
     *c2 = w_or(w_lut64z(p->nz, w_clamp_s(w_add(em, off2), 0, 63), lo, hi), p->sign);
 }
@@ -377,7 +383,8 @@ INLINE void fp8x32_e2m1_lut(const fp8x32_format *c, const fp8x32_values *p, vw o
    in one process: backward 15.3 -> 13.9 ms, AVX2 15.0 -> 13.5). ``rare`` (the forward's FP8 codes: a
    product of two factors, a value under 2**-14 of its block's amax is rare) takes that branch: forward
    6.8 -> 6.3 ms. E2M1 (``fp4``, a constant of the caller, and one mantissa bit: half of a typical block is
-   subnormal) has its own, cheaper form. */
+   subnormal) has its own, cheaper forms: the whole code by table where the SIMD layer has one
+   (fp8x32_e2m1_lut), else its subnormal results by compares (fp8x32_subnormal_e2m1). */
 INLINE void fp8x32_code2(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2,
                          const int fp4, int rare) {
 #if SIMD_LUT64
