@@ -298,6 +298,29 @@ def test_mx_quantisation_bit_exact_given_the_gradient(dtype, dst_dtype, isa):
             assert_exact(a, e, name)
 
 
+@pytest.mark.parametrize("dst_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_mx_codes_around_a_few_fp16_subnormal_gradients(dst_dtype, isa):
+    """The 32-value encoder leaves subnormal sources to the per-element one, 32 values at a time: rows whose
+    values hold none, one in the first, a middle or the last 32 of a row's gradient half, or several (the
+    b half holds 32 times them: subnormal too where small), next to blocks whose amax makes the same sources
+    FP8-normal results (E5M2) or subnormal ones (E4M3), must give the per-element codes everywhere."""
+    gen = torch.Generator().manual_seed(21)
+    values = torch.randn(70, 96, generator=gen) * 2.0 ** torch.randint(-7, 4, (70, 1), generator=gen)
+    tiny = torch.randint(1, 1024, (70, 96), generator=gen) * 2.0**-24  # fp16 subnormals
+    values = values.to(torch.float16)
+    for row in range(70):
+        cols = [[], [0], [40], [95], [5, 37, 70, 94]][row % 5]
+        for col in cols:
+            values[row, col] = (-1) ** col * tiny[row, col]
+    x, dy, _ = known_gradient_inputs(values)
+    ends = torch.tensor([33, 70])
+    kwargs = dict(dst_dtype=dst_dtype)
+    actual = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="cpu", **kwargs)
+    expected = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="reference", **kwargs)
+    for a, e, name in zip(actual, expected, ("y1", "mxscale1", "y2", "mxscale2"), strict=True):
+        assert_exact(a, e, name)
+
+
 GPT_OSS = GluParams(interleaved=True, clipped=True, alpha=1.702, limit=7.0, bias=1.0)
 
 
