@@ -241,7 +241,7 @@ HEAVY vu fp8_encode(const mx_format *f, vf value) {
      (the product in units of the smallest subnormal, 2**(1 - bias - mbits)); it carries into the smallest
      normal code exactly as fp8_encode's does.
    Zeros are done too. Subnormal sources are not: the caller checks for them (fp8x32_subnormal_sources) and
-   then encodes the whole run with fp8_encode. The caller passes, per lane, the block's ``off``
+   then encodes the 32 values that hold one with fp8_encode. The caller passes, per lane, the block's ``off``
    (fp8x32_block, computed once per block (y1) or column (y2)) and zeroes the lanes of a NaN/inf block with
    its ``keep`` (code 0x00), only where such a block exists. */
 typedef struct {
