@@ -309,8 +309,11 @@ INLINE fp8x32_values fp8x32_prepare(const fp8x32_format *c, vw v) {
 /* Subnormal sources among the values seen so far: ``acc`` starts at 0xFFFF in every lane and keeps the
    least a - 1 (a zero wraps to 0xFFFF), so a lane ends below sub_max iff one of its values was subnormal. */
 INLINE vw fp8x32_track(const fp8x32_values *p, vw acc) { return w_min(acc, w_sub(p->a, w_set(1))); }
-/* The same from the stored bits of 32 values (masked lanes 0: they count as zeros). */
-INLINE vw fp8x32_track_bits(vw v, vw acc) { return w_min(acc, w_sub(w_and(v, w_set(0x7FFF)), w_set(1))); }
+/* The same from the stored bits of 32 values (masked lanes 0: they count as zeros): their magnitudes only. */
+INLINE vw fp8x32_track_bits(vw v, vw acc) {
+    const fp8x32_values p = {.a = w_and(v, w_set(0x7FFF))};
+    return fp8x32_track(&p, acc);
+}
 INLINE int fp8x32_subnormal_sources(const fp8x32_format *c, vw acc) { return wm_any(w_lt_u(acc, w_set(c->sub_max))); }
 
 /* The shift of the values' subnormal results under a block offset off = (k - S) << mbits:
