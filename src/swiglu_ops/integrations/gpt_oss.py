@@ -26,7 +26,7 @@ import types
 
 import torch
 
-from .nn import ClippedSwigluFunction
+from ..nn import ClippedSwigluFunction
 
 __all__ = ["patch_gpt_oss", "is_patched"]
 
