@@ -1,8 +1,8 @@
-"""The package's one compiled part: the cpu backend's C library (``src/swiglu_ops/cpu/csrc``).
+"""The package's one compiled part: the cpu backend's C library (``src/swiglu_ops/backends/cpu/csrc``).
 
 Everything else is in ``pyproject.toml``. The library holds every kernel once per instruction set (portable
 C for the build's baseline, and on x86-64 also AVX2 and AVX-512 builds selected by function-level target
-pragmas); ``swiglu_ops.cpu._loader`` picks the best one the CPU runs. The extension is optional: where it
+pragmas); ``swiglu_ops.backends.cpu._loader`` picks the best one the CPU runs. The extension is optional: where it
 cannot be built (no C compiler, a compiler without GNU C vector extensions) the install still succeeds,
 ``backend="cpu"`` says why it is unavailable and ``"auto"`` uses the reference backend.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-_CSRC = Path("src/swiglu_ops/cpu/csrc")
+_CSRC = Path("src/swiglu_ops/backends/cpu/csrc")
 _SOURCES = sorted(_CSRC.glob("*.c"))
 # Compiled in; swiglu_ops.cpu._loader compares it with the sources next to the package, so an editable
 # install whose C sources changed after the build is refused (with the reason) instead of running stale code.
@@ -49,7 +49,7 @@ setup(
     cmdclass={"build_ext": ParallelBuildExt},
     ext_modules=[
         Extension(
-            "swiglu_ops.cpu._kernels",
+            "swiglu_ops.backends.cpu._kernels",
             sources=[str(p) for p in _SOURCES],
             depends=[str(p) for p in sorted(_CSRC.glob("*.h"))],
             define_macros=[("SWIGLU_SOURCE_HASH", f'"{_SOURCE_HASH}"')],

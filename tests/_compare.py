@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from swiglu_ops.tolerances import FP32_ULPS, GRAD_WEIGHT_RTOL, allowed_near_ties
+from swiglu_ops.numerics.tolerances import FP32_ULPS, GRAD_WEIGHT_RTOL, allowed_near_ties
 
 _INT_VIEW = {
     torch.float32: torch.int32,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from swiglu_ops import mx
+from swiglu_ops.numerics import mx
 
 #: sigma(ACT) == 1 exactly in fp32 (exp(-32) < 2**-25), so in spec 2.2 t = ((-1) + 1) * ACT + 1 = 1.
 ACT = 32.0

@@ -29,8 +29,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from swiglu_ops import triton as backend  # noqa: E402
-from swiglu_ops.triton import _kernels  # noqa: E402
+from swiglu_ops.backends import triton as backend  # noqa: E402
+from swiglu_ops.backends.triton import _kernels  # noqa: E402
 
 ARCHS = (90, 100)
 _DTYPES = ("bf16", "fp16", "fp32")

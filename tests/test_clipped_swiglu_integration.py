@@ -11,7 +11,8 @@ from _oracles import expected_mx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import swiglu_ops
-from swiglu_ops import _api
+from swiglu_ops.ops import api as _api
+from swiglu_ops.ops import validate as V
 
 ops = torch.ops.swiglu_ops
 CLIPPED = ops.clipped_swiglu.default
@@ -60,7 +61,7 @@ def test_opcheck(name, args, kwargs, backend):
     x, *rest = args
     torch.library.opcheck(CLIPPED, args, {**kwargs, "backend": backend})
     d = kwargs.get("dim", -1) % x.dim()
-    dy = randn(*_api.clipped_half_shape(x.shape, d), dtype=x.dtype, seed=1)
+    dy = randn(*V.clipped_half_shape(x.shape, d), dtype=x.dtype, seed=1)
     grad_kwargs = {k: v for k, v in kwargs.items() if k != "clamp_mode"}
     torch.library.opcheck(CLIPPED_GRAD, (dy, x, *rest), {**grad_kwargs, "backend": backend})
     mode1_kwargs = {k: v for k, v in grad_kwargs.items() if k in ("dim", "limit", "interleaved")}
@@ -209,7 +210,7 @@ def test_module_and_function_api():
         "ClippedSwiGLU(dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True, clamp_mode=0, "
         "backend='reference')"
     )
-    assert swiglu_ops.ClippedSwiGLU is swiglu_ops.nn.ClippedSwiGLU
+    assert swiglu_ops.ClippedSwiGLU is swiglu_ops.training.nn.ClippedSwiGLU
     for obj in (swiglu_ops.ClippedSwiGLU, swiglu_ops.clipped_swiglu, swiglu_ops.clipped_swiglu_grad):
         assert "limit" in obj.__doc__ and "interleaved" in obj.__doc__
     x = randn(4, 16, seed=10)

@@ -28,10 +28,11 @@ from _fwd_oracles import assert_forward_matches
 from _oracles import known_gradient_inputs
 
 import swiglu_ops
-from swiglu_ops import _api, reference
-from swiglu_ops import cpu as cpu_backend
-from swiglu_ops.cpu import _loader
-from swiglu_ops.glu import GluParams
+from swiglu_ops.backends import cpu as cpu_backend
+from swiglu_ops.backends import reference
+from swiglu_ops.backends.cpu import _loader
+from swiglu_ops.numerics.glu import GluParams
+from swiglu_ops.ops import registry
 
 LIB = cpu_backend.LIBRARY.lib
 ISAS = cpu_backend.LIBRARY.supported_isas()
@@ -544,7 +545,7 @@ def test_without_the_library_cpu_says_why_and_auto_falls_back_with_one_warning(m
     missing = _loader.load()
     assert missing.lib is None and "C compiler" in missing.why
     monkeypatch.setattr(cpu_backend, "LIBRARY", missing)
-    monkeypatch.setattr(_api, "_WARNED", set())
+    monkeypatch.setattr(registry, "_WARNED", set())
     dy, x, _, _ = _group_grad_inputs((4, 8), torch.float32, seed=0, weighted=False)
     with pytest.raises(ValueError, match="C compiler"):
         swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")
@@ -560,7 +561,7 @@ def test_without_the_library_cpu_says_why_and_auto_falls_back_with_one_warning(m
 
 _PROBE = """
 import sys, torch, swiglu_ops
-from swiglu_ops import cpu
+from swiglu_ops.backends import cpu
 x = torch.randn(64, 128).bfloat16(); dy = torch.randn(64, 64).bfloat16()
 swiglu_ops.swiglu_group_grad(dy, x)
 swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy)

@@ -28,8 +28,10 @@ from _fwd_oracles import (
 )
 
 import swiglu_ops
-from swiglu_ops import _api
-from swiglu_ops.glu import SWIGLU
+from swiglu_ops.numerics import mx
+from swiglu_ops.numerics.glu import SWIGLU
+from swiglu_ops.ops import registry
+from swiglu_ops.ops import validate as V
 
 E1M2 = swiglu_ops.float4_e1m2fn_x2
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -126,7 +128,7 @@ def test_pad_slots_and_unused_rows_are_written_as_zero(backend, dst):
     group maps to (groups [64, 128]: rows 1 and 3) come back as 0, every output as the oracle says."""
     b = random_values((128, 20), BF16, seed=1)
     x, act = known_inputs(b)
-    specs = _api.mx_forward_output_specs(x, torch.tensor([64, 128]), _api.mx.element_format(dst))
+    specs = V.mx_forward_output_specs(x, torch.tensor([64, 128]), mx.element_format(dst))
     out = [torch.full(s, 0x5A, dtype=torch.uint8).view(d) for s, d in specs]
     got = quant(x, torch.tensor([64, 128]), dst_dtype=dst, backend=backend, out=out)
     assert all(a is b for a, b in zip(got, out, strict=True))
@@ -147,7 +149,7 @@ def test_kernel_clamps_group_ends(backend, ends, m, dst):
     entry point is called directly): unvalidated ends are clamped, no access goes out of bounds, rows past
     the last (clamped) end come out as zeros in y1, mxscale1 and y2. Outputs start as garbage, except
     mxscale2, which the contract zero-fills."""
-    fmt = _api.mx.element_format(dst)
+    fmt = mx.element_format(dst)
     b = random_values((m, 36), BF16, seed=m)
     x, act = known_inputs(b)
     group_ends = torch.tensor(ends, dtype=torch.int64)
@@ -156,7 +158,7 @@ def test_kernel_clamps_group_ends(backend, ends, m, dst):
     y1, y2 = (torch.full((1, m, width), 0xA5, dtype=torch.uint8) for _ in range(2))
     s1 = torch.full((1, m, 2), 0xA5, dtype=torch.uint8)
     s2 = torch.zeros(1, r, 36, 2, dtype=torch.uint8)
-    impl = _api._load(backend)
+    impl = registry.backend_module(backend)
     impl.swiglu_mx_quant(
         x.unsqueeze(0), group_ends, SWIGLU, 0 if fmt.packed else 1, fmt,
         "rint", y1, s1, y2, s2,
@@ -597,7 +599,7 @@ def test_gpu_error_bounds_stay_within_the_near_tie_rule(monkeypatch, dtype, dst,
     the near-tie rule on every output, over 262,144 elements of two kinds of data (N(0, 3) and values
     spread over 20 binades, partial blocks, ragged groups), in every format; with 4096 ulp it does not
     (the comparison sees such errors)."""
-    from swiglu_ops.reference import fwd_mx_quant as ref_fwd
+    from swiglu_ops.backends.reference import fwd_mx_quant as ref_fwd
 
     gen = torch.Generator().manual_seed(31)
     x = torch.cat([torch.randn(128, 2056, generator=gen) * 3, random_values((128, 2056), F32, seed=5)])

@@ -14,7 +14,7 @@ from _compare import assert_exact
 from _fwd_oracles import DST_IDS, DSTS, FORMATS, FP4, grid_decode, grid_encode
 
 import swiglu_ops
-from swiglu_ops import mx
+from swiglu_ops.numerics import mx
 
 E1M2 = swiglu_ops.float4_e1m2fn_x2
 MODES = ["rint", "round", "floor"]

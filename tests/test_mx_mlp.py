@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import swiglu_ops
-from swiglu_ops import expert_mlp, mx
+from swiglu_ops.numerics import mx
+from swiglu_ops.training import expert_mlp
 
 GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
 VARIANTS = {"swiglu": {}, "gpt_oss": GPT_OSS}
@@ -235,7 +236,9 @@ def test_mxfp8_and_bf16_runs_against_the_exact_float64_mlp(variant):
     out64 = mlp64(x64, w1_64, w2_64, ends, **glu)
     out64.backward(dout.double())
     exact = (out64.detach(), x64.grad, w1_64.grad, w2_64.grad)
-    lib = swiglu_ops.expert_mlp.expert_mlp_reference(x.double(), w1.double(), w2.double(), ends, **glu)
+    lib = swiglu_ops.training.expert_mlp.expert_mlp_reference(
+        x.double(), w1.double(), w2.double(), ends, **glu
+    )
     torch.testing.assert_close(lib, out64.detach(), rtol=1e-12, atol=1e-12)  # the demo's oracle
     for name, m, b, want in zip(("out", "dx", "dw1", "dw2"), mxfp8, bf16, exact, strict=True):
         assert rel(b, want) < 0.01, name  # bf16: a few 2^-9 roundings

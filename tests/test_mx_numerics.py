@@ -10,7 +10,7 @@ from _compare import assert_exact, assert_mx_matches
 from _oracles import expected_mx, known_gradient_inputs
 
 import swiglu_ops
-from swiglu_ops import mx
+from swiglu_ops.numerics import mx
 
 FORMATS = [mx.E4M3FN, mx.E5M2]
 ALL_CODES = torch.arange(256).to(torch.uint8)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import swiglu_ops
-from swiglu_ops import mx
+from swiglu_ops.numerics import mx
 
 PROPERTY = settings(deadline=None, max_examples=30)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]

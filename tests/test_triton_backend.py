@@ -15,17 +15,18 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA and "swiglu_ops.triton" not in sys.modules:
+if not HAS_CUDA and "swiglu_ops.backends.triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 
 import swiglu_ops  # noqa: E402
-from swiglu_ops import _api, mx  # noqa: E402
-from swiglu_ops import reference as reference_backend  # noqa: E402
-from swiglu_ops import triton as triton_backend  # noqa: E402
-from swiglu_ops.glu import SWIGLU  # noqa: E402
-from swiglu_ops.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
+from swiglu_ops.backends import reference as reference_backend  # noqa: E402
+from swiglu_ops.backends import triton as triton_backend  # noqa: E402
+from swiglu_ops.backends.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
+from swiglu_ops.numerics import mx  # noqa: E402
+from swiglu_ops.numerics.glu import SWIGLU  # noqa: E402
+from swiglu_ops.ops import registry  # noqa: E402
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 IN_PROCESS, WHY_NOT = triton_backend.is_available(DEVICE)
@@ -349,7 +350,7 @@ def test_mx_padding_select_only_where_the_padding_is_not_zero(glu, forward, back
     select and without it."""
     from _fwd_oracles import assert_forward_matches
 
-    from swiglu_ops.glu import GluParams
+    from swiglu_ops.numerics.glu import GluParams
 
     params = GluParams(clipped=True, **glu)
     assert triton_backend.padding(params, torch.bfloat16, False) == forward
@@ -417,7 +418,7 @@ def test_mx_plain_loads_read_copies_that_never_reach_an_output(
     bytes as the masked loads of the padding."""
     from _fwd_oracles import assert_forward_matches
 
-    from swiglu_ops.glu import GluParams
+    from swiglu_ops.numerics.glu import GluParams
 
     m, n = 75, 96  # 3 blocks of 32 pairs: the forward's mxscale1 has a pad slot
     assert triton_backend.plain_loads(n, True)
@@ -635,7 +636,10 @@ def test_availability_contract():
     ok, why = triton_backend.is_available("meta")
     assert not ok and "meta" in why
     if not HAS_CUDA and IN_PROCESS:
-        assert _api.resolve_backend("triton", torch.device("cpu")) is triton_backend
+        assert (
+            registry.select("triton", "swiglu_mx_quant", "op", torch.device("cpu"), None)[0].module
+            is triton_backend
+        )
 
 
 def test_hw_conversions_are_opt_in(monkeypatch):
@@ -754,7 +758,7 @@ def test_fast_path_keys_an_infinite_clamped_gate(monkeypatch, gate, glu, den_key
     value of its tile, would leave the sigmoid 1 where the spec's quotient (A~ * 0 + 1) / den is NaN.
     The fast path (emulated in the interpreter) gives the default path's bits for ClippedSwigluGrad
     (whose NaN / inf outputs show the difference)."""
-    from swiglu_ops.glu import GluParams
+    from swiglu_ops.numerics.glu import GluParams
 
     assert triton_backend.den_key(GluParams(clipped=True, bias=1.0, **glu)) is den_key
     glu = {**glu, "bias": 1.0, "interleaved": False}

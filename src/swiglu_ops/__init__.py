@@ -18,7 +18,7 @@
   ``swiglu_group_grad`` and the clipped SwiGLU, cumulative row ends = PyTorch's ``offs`` for the MX
   operators).
 - :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp`: an MoE expert MLP (ragged expert groups) whose SwiGLU
-  runs on the two dual-axis MX operators and whose GEMMs read MXFP8 (:mod:`swiglu_ops.expert_mlp`).
+  runs on the two dual-axis MX operators and whose GEMMs read MXFP8 (:mod:`swiglu_ops.training.expert_mlp`).
 
 The operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``; every public function
 works inside ``torch.compile`` (``docs/integration.md``).
@@ -26,26 +26,28 @@ works inside ``torch.compile`` (``docs/integration.md``).
 
 from __future__ import annotations
 
-# torch_ops registers torch.ops.swiglu_ops.*; integrations imports transformers only when patch_gpt_oss runs
-from . import _api, integrations, layouts, torch_ops  # noqa: F401
-from ._api import (
-    GroupConventionWarning,
+from . import integrations
+from .numerics import mx
+from .numerics.mx import FLOAT4_E1M2FN_X2 as float4_e1m2fn_x2
+from .ops import custom_ops  # noqa: F401  (registers torch.ops.swiglu_ops.*)
+from .ops.api import (
     available_backends,
-    clipped_swiglu,
     clipped_swiglu_grad,
+    mx_dequantize,
     swiglu_backward_mx_quant_dual_axis,
     swiglu_group_grad,
     swiglu_mx_quant_dual_axis,
 )
-from .groups import counts_to_ends, ends_to_counts
-from .mx import FLOAT4_E1M2FN_X2 as float4_e1m2fn_x2
-from .mx import mx_dequantize
-from .nn import (
+from .ops.groups import counts_to_ends, ends_to_counts
+from .ops.validate import GroupConventionWarning
+from .training import layouts
+from .training.nn import (
     ClampedSwiGLU,
     ClippedSwiGLU,
     MXFP8ExpertMLP,
     MXGradient,
     clamped_swiglu,
+    clipped_swiglu,
     mxfp8_expert_mlp,
     swiglu_mx_backward,
 )
@@ -66,6 +68,8 @@ __all__ = [
     "ends_to_counts",
     "GroupConventionWarning",
     "layouts",
+    "mx",
+    "integrations",
     "ClampedSwiGLU",
     "clamped_swiglu",
     "ClippedSwiGLU",

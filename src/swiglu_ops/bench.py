@@ -42,18 +42,16 @@ from pathlib import Path
 
 import torch
 
-from . import _api, mx, reference
-from .glu import GluParams
+from .numerics import mx
+from .numerics.glu import GluParams
+from .ops import registry
+from .ops import validate as V
+from .ops.table import PUBLIC
 
-OPS = ("swiglu_group_grad", "swiglu_bwd_mx_quant", "clipped_swiglu", "clipped_swiglu_grad", "swiglu_mx_quant")
+#: The benchmarked operators, by their kernel contract's name (the table's rows: one per public operator).
+OPS = tuple(op.kernel for op in PUBLIC)
 #: The public function of each benchmarked op.
-_PUBLIC = {
-    "swiglu_group_grad": "swiglu_group_grad",
-    "swiglu_bwd_mx_quant": "swiglu_backward_mx_quant_dual_axis",
-    "clipped_swiglu": "clipped_swiglu",
-    "clipped_swiglu_grad": "clipped_swiglu_grad",
-    "swiglu_mx_quant": "swiglu_mx_quant_dual_axis",
-}
+_PUBLIC = {op.kernel: op.name for op in PUBLIC}
 _DST = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
 
 
@@ -147,7 +145,7 @@ def _prepare(case: Case, gen: torch.Generator):
     x = (torch.randn(m, c, generator=gen) * 3).to(dt)
     dy = torch.randn(m, c // 2, generator=gen).to(dt)
     counts = _uneven_counts(m, case.groups, gen) if case.groups else None
-    valid = None if counts is None else _api._valid_rows(counts, m)
+    valid = None if counts is None else V.valid_rows(counts, m)
     ends = None if counts is None else counts.cumsum(0)
     if case.op == "swiglu_group_grad":
         weight = torch.rand(m, 1, generator=gen) + 0.5
@@ -198,27 +196,30 @@ def _call(op: str, args, kwargs, backend: str, out=None):
     return getattr(swiglu_ops, _PUBLIC[op])(*args, **kwargs, backend=backend, out=out)
 
 
+def _reference(kernel: str):
+    """The reference backend's kernel function of a contract, from the registry."""
+    return registry.select("reference", kernel, kernel, torch.device("cpu"), None)[1]
+
+
 def _reference_group_grad_plain_sum(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight):
     """The reference group_grad with grad_weight as a plain ``torch.sum``: the reference's NumPy-order
     pairwise sum unrolls into thousands of tiny ops that Inductor takes many minutes to compile."""
-    reference.swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, None)
+    _reference("swiglu_group_grad")(dy, x, weight, y_origin, valid_rows, clamp, grad_x, None)
     grad_weight.copy_((dy.float() * y_origin.float()).sum(-1))
 
 
-_KERNELS = {
-    "swiglu_group_grad": _reference_group_grad_plain_sum,
-    "swiglu_bwd_mx_quant": reference.swiglu_bwd_mx_quant,
-    "clipped_swiglu": reference.clipped_swiglu,
-    "clipped_swiglu_grad": reference.clipped_swiglu_grad,
-    "swiglu_mx_quant": reference.swiglu_mx_quant,
-}
+def _baseline(op: str):
+    """What the compiled baseline compiles: the reference kernel of ``op``."""
+    return _reference_group_grad_plain_sum if op == "swiglu_group_grad" else _reference(op)
+
+
 _COMPILED = {}
 
 
 def _compiled_reference(op: str):
     """The reference backend's kernel function under torch.compile (one compiled function per op)."""
     if op not in _COMPILED:
-        _COMPILED[op] = torch.compile(_KERNELS[op], dynamic=True)
+        _COMPILED[op] = torch.compile(_baseline(op), dynamic=True)
     return _COMPILED[op]
 
 
@@ -226,13 +227,13 @@ def _isa(name: str):
     """The cpu backend's instruction set for a case ("" = the default one)."""
     if not name:
         return contextlib.nullcontext()
-    from . import cpu
+    from .backends import cpu
 
     return cpu.instruction_set(name)
 
 
 def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Generator) -> Result:
-    from . import cpu
+    from .backends import cpu
 
     args, kwargs, kernel_args, outs, nbytes = _prepare(case, gen)
     src = torch.ones(nbytes // 2, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
@@ -299,7 +300,7 @@ def default_cases(quick: bool, ops=OPS) -> list[Case]:
             cases.append(Case(op, 8192, 4096, fp16, label="fp16", baselines=False))
         cases.append(Case(op, 8192, 4096, fp32, label="fp32", baselines=False))
         # the instruction sets below this machine's best (AVX2: laptops, AMD before Zen 4; portable C)
-        from . import cpu
+        from .backends import cpu
 
         for isa in ("avx2", "portable"):
             if isa in cpu.LIBRARY.supported_isas() and isa != cpu.LIBRARY.isa:
@@ -424,7 +425,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-latency", action="store_true", help="skip the first-call latency subprocess")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="the operators to benchmark")
     args = p.parse_args(argv)
-    ok, why = _api.backend_status("cpu", torch.device("cpu"))
+    ok, why = registry.backend_status("cpu", torch.device("cpu"))
     if not ok:
         print(f"the cpu backend is not available: {why}", file=sys.stderr)
         return 1
@@ -452,7 +453,7 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    from . import cpu
+    from .backends import cpu
 
     meta = {
         "machine": platform.processor() or platform.machine(),

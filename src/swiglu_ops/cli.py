@@ -17,9 +17,11 @@ import time
 
 import torch
 
-from . import _api, swiglu_backward_mx_quant_dual_axis, swiglu_group_grad, swiglu_mx_quant_dual_axis
-from .expert_mlp import MXFP8ExpertMLP, expert_mlp_reference
-from .tolerances import GRAD_WEIGHT_RTOL, unit_differences, within_near_ties
+from .numerics.tolerances import GRAD_WEIGHT_RTOL, unit_differences, within_near_ties
+from .ops import api
+from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_axis
+from .ops.table import PUBLIC
+from .training.expert_mlp import MXFP8ExpertMLP, expert_mlp_reference
 
 #: The GPT-OSS clipped SwiGLU (openai/gpt-oss, Hugging Face GptOssExperts).
 GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
@@ -182,7 +184,7 @@ def demo(argv=None) -> int:
     )
     print(f"{'backend':>10} {'swiglu_mx_quant_dual_axis':>27} {'swiglu_backward_mx_quant_dual_axis':>36}")
     times = {}
-    for name in _api.available_backends("cpu"):
+    for name in api.available_backends("cpu"):
         _progress(f"timing backend {name!r}")
         t_fwd = _time(lambda n=name: swiglu_mx_quant_dual_axis(h, ends, backend=n), args.repeats)
         t_bwd = _time(
@@ -207,17 +209,21 @@ def demo(argv=None) -> int:
     return 0
 
 
-_MX_NAMES = ("y1", "mxscale1", "y2", "mxscale2")
-
-
 def _near_ties(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[str, bool]:
     """Contract section 3: equal except at most 1 in 10,000 elements, each one unit (ulp / code) apart."""
     got, want = got.cpu(), want.cpu()
     return f"{name} {unit_differences(got, want)[0]} differ", within_near_ties(got, want)
 
 
+def _close(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[str, bool]:
+    """fp32 results of a sum (grad_weight): within the contract's relative tolerance."""
+    rel = float(((got.cpu() - want.cpu()).abs() / want.cpu().abs().clamp_min(1e-30)).max())
+    return f"{name} max rel {rel:.1e}", rel <= GRAD_WEIGHT_RTOL
+
+
 def verify(argv=None) -> int:
-    """Check every available backend against the reference on random inputs (a quick install check)."""
+    """Check every operator of the table on every available backend against the reference, on random inputs
+    with uneven groups (a quick install check)."""
     p = argparse.ArgumentParser(prog="swiglu-ops verify", description=verify.__doc__)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
@@ -227,29 +233,30 @@ def verify(argv=None) -> int:
         p.error(f"--device {args.device!r} is not a device ({exc})")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: CUDA is unavailable (torch {torch.__version__}); use --device cpu")
-    gen = torch.Generator().manual_seed(0)
+    backends = [b for b in api.available_backends(device) if b != "reference"]
+    print(
+        f"verify on {device}: backends {', '.join(backends) or '(none but the reference)'} vs the reference"
+    )
     ok = True
-    for dtype in (torch.bfloat16, torch.float16):
-        x = (torch.randn(300, 256, generator=gen) * 3).to(dtype).to(device)
-        dy = torch.randn(300, 128, generator=gen).to(dtype).to(device)
-        w = torch.rand(300, generator=gen).to(device)
-        ends = torch.tensor([17, 17, 100, 300], device=device)
-        counts = torch.tensor([40, 200], device=device)  # swiglu_group_grad: counts, 240 valid rows
-        ref_gg = swiglu_group_grad(dy, x, w, dy, counts, 7.0, backend="reference")
-        ref_mx = swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend="reference")
-        for name in _api.available_backends(device):
-            if name == "reference":
-                continue
-            gg = swiglu_group_grad(dy, x, w, dy, counts, 7.0, backend=name)
-            got = swiglu_backward_mx_quant_dual_axis(x, dy, ends, backend=name)
-            checks = [_near_ties("grad_x", gg[0], ref_gg[0])]
-            checks += [_near_ties(n, a, b) for n, a, b in zip(_MX_NAMES, got, ref_mx, strict=True)]
-            rel_gw = float(((gg[1] - ref_gg[1]).abs() / ref_gg[1].abs().clamp_min(1e-30)).max())
-            good = all(c[1] for c in checks) and rel_gw <= GRAD_WEIGHT_RTOL
-            ok &= good
-            detail = ", ".join(c[0] for c in checks)
-            verdict = "ok" if good else "FAIL"
-            print(f"{name:>8} {str(dtype):>15}: {detail}, grad_weight max rel {rel_gw:.1e} -> {verdict}")
+    for op in PUBLIC:
+        fn = getattr(api, op.name)
+        for dtype in (torch.bfloat16, torch.float16):
+            values = op.example(torch.Generator().manual_seed(0), dtype, device)
+            want = fn(**values, backend="reference")
+            want = want if isinstance(want, tuple) else (want,)
+            for name in backends:
+                got = fn(**values, backend=name)
+                got = got if isinstance(got, tuple) else (got,)
+                checks = [
+                    (_close if out.name == "grad_weight" else _near_ties)(out.name, g, w)
+                    for out, g, w in zip(op.outputs, got, want, strict=True)
+                    if w is not None
+                ]
+                good = all(c[1] for c in checks)
+                ok &= good
+                detail = ", ".join(c[0] for c in checks)
+                verdict = "ok" if good else "FAIL"
+                print(f"{op.name:>35} {name:>7} {str(dtype)[6:]:>8}: {detail} -> {verdict}")
     print("verify:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 

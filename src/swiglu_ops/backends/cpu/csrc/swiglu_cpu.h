@@ -40,7 +40,7 @@
    is refused at load. */
 #define SWIGLU_ABI_VERSION 6
 
-/* Which member of the GLU family (swiglu_ops.glu.GluParams). The kernels build and cache its activation
+/* Which member of the GLU family (swiglu_ops.numerics.glu.GluParams). The kernels build and cache its activation
    tables themselves (swiglu_act_table). */
 typedef struct {
     int32_t interleaved; /* A and B are the even and odd elements of a row, else its two halves */

@@ -2,31 +2,25 @@
 
 Stage 1 (fp32 SwiGLU backward in the kernel's operation order, rounded to x's dtype) then stage 2 (MX
 quantisation of those 16-bit values along both axes, :mod:`.dual_axis`) built from the rules in
-:mod:`swiglu_ops.mx`.
+:mod:`swiglu_ops.numerics.mx`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..glu import GluParams, split_columns
-from . import glu as glu_math
+from ...numerics import glu as glu_math
+from ...numerics.glu import GluParams
 from .dual_axis import quantize_dual_axis
 
 
 def stage1(x: torch.Tensor, dy: torch.Tensor, glu: GluParams) -> torch.Tensor:
     """grad_x in x's dtype and x's column layout (spec 2.2-2.4; contract: columns follow x): the GLU
     family's backward (plain SwiGLU by default, clipped SwiGLU with the GPT-OSS parameters), rounded."""
-    a_cols, b_cols = split_columns(x.shape[-1], glu)
-    xf = x.float()
-    grad_a, grad_b = glu_math.backward(xf[..., a_cols], xf[..., b_cols], dy.float(), glu)
-    grad = torch.empty_like(xf)
-    grad[..., a_cols] = grad_a
-    grad[..., b_cols] = grad_b
-    return grad.to(x.dtype)  # RNE, no saturation
+    return glu_math.backward_rounded(x, dy, glu)
 
 
 def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2."""
     grad = stage1(x, dy, glu)  # [B, M, C] in x's dtype
     quantize_dual_axis(grad, group_ends, fmt, scale_alg, "rint", y1, s1, y2, s2, transpose_y2)

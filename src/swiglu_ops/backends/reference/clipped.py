@@ -2,7 +2,7 @@
 section 12), step by step.
 
 The math of both directions (operation order of sections 3 and 4, the clamp_mode-1 extension of section 10)
-is :mod:`swiglu_ops.reference.glu`; this module adds what is specific to the two operators: the split of the
+is :mod:`swiglu_ops.numerics.glu`; this module adds what is specific to the two operators: the split of the
 ``[pre, cut]`` rows into A and B (interleaved or chunked), the row bound ``valid_rows`` (rows past it are
 +0.0, selected, never computed into the result), and the single rounding to the I/O dtype (RNE; fp16
 overflow becomes inf).
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..glu import GluParams, split_columns
-from . import glu as glu_math
+from ...numerics import glu as glu_math
+from ...numerics.glu import GluParams, split_columns
 
 
 def _row_mask(rows: int, valid_rows: torch.Tensor | None, device) -> torch.Tensor | None:
@@ -31,7 +31,7 @@ def _zero_invalid_rows(values: torch.Tensor, keep: torch.Tensor | None) -> torch
 
 
 def clipped_swiglu(x: torch.Tensor, valid_rows, glu: GluParams, y: torch.Tensor) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y [R, C/2]."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y [R, C/2]."""
     rows, cols = x.shape
     a_cols, b_cols = split_columns(cols, glu)
     xf = x.float()
@@ -42,7 +42,7 @@ def clipped_swiglu(x: torch.Tensor, valid_rows, glu: GluParams, y: torch.Tensor)
 def clipped_swiglu_grad(
     dy: torch.Tensor, x: torch.Tensor, valid_rows, glu: GluParams, grad_x: torch.Tensor
 ) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x [R, C]."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x [R, C]."""
     rows, cols = x.shape
     a_cols, b_cols = split_columns(cols, glu)
     xf = x.float()

@@ -59,7 +59,11 @@ __all__ = [
     "clamp_group_ends",
     "group_row_base",
     "column_block_groups",
-    "mx_dequantize",
+    "dequantize",
+    "format_of_dtype",
+    "element_table",
+    "e8m0_table",
+    "lookup",
 ]
 
 #: MX block size along either axis.
@@ -178,6 +182,12 @@ def element_format(dst) -> ElementFormat:
         return _DESTINATIONS[dst]
     except (KeyError, TypeError):
         raise TypeError(f"dst_dtype must be {_DST_DESCRIPTION}, got {dst!r}") from None
+
+
+def format_of_dtype(dtype: torch.dtype) -> ElementFormat | None:
+    """The element format whose quantised tensors have ``dtype`` (the FP8 dtypes, ``float4_e2m1fn_x2``), or
+    None (uint8 codes name no format by themselves: E1M2, or raw codes)."""
+    return next((f for f in _DESTINATIONS.values() if f.torch_dtype == dtype and dtype != torch.uint8), None)
 
 
 def dst_name(dst) -> str:
@@ -452,50 +462,44 @@ def column_block_groups(group_ends: torch.Tensor | None, m: int):
 # ---------------------------------------------------------------------------------------------- dequant
 
 
-def mx_dequantize(
+def dequantize(
     data: torch.Tensor,
     scale: torch.Tensor,
+    fmt: ElementFormat,
     *,
     axis: int = -1,
     group_index: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
-    dst_dtype=None,
 ) -> torch.Tensor:
-    """Inverse of the MX quantisation: ``value = element(data) * 2**(scale - 127)``.
+    """Inverse of the MX quantisation: ``value = element(data) * 2**(scale - 127)`` (the rule only: the
+    arguments are validated by :func:`swiglu_ops.mx_dequantize`, the public function built on this one).
 
     - ``axis=-1``: ``data`` is ``y1`` and ``scale`` is ``mxscale1`` ``[*batch, M, ceil(N/64), 2]`` (element j
       of a row uses block j // 32; N need not be a multiple of 32).
-    - ``axis=-2``: ``data`` is ``y2`` and ``scale`` is ``mxscale2`` ``[*batch, R, N, 2]``; pass the same
-      ``group_index`` (cumulative row ends) that produced them.
+    - ``axis=-2``: ``data`` is ``y2`` and ``scale`` is ``mxscale2`` ``[*batch, R, N, 2]``; ``group_index``
+      the cumulative row ends that produced them (each end clamped into [previous end, M]; rows past the
+      last end read as code 0, like an unused slot).
 
-    ``data`` is ``[*batch, M, N]`` FP8 (``float8_e4m3fn`` / ``float8_e5m2``) or ``[*batch, M, N/2]`` packed
-    FP4 (``float4_e2m1fn_x2``), or ``uint8`` codes of the format named by ``dst_dtype`` (as the operators'
-    argument: required for the E1M2 results, ``dst_dtype=swiglu_ops.float4_e1m2fn_x2``). The result is
-    ``[*batch, M, N]`` (FP4 unpacked) in ``dtype``. Scale code 0xFF (NaN block) dequantises to NaN; ``scale``
-    is ``float8_e8m0fnu`` or uint8 raw codes.
+    ``data`` holds ``fmt``'s codes (FP4 packed two per byte), ``scale`` E8M0 codes (``float8_e8m0fnu`` or
+    uint8). The result is ``[*batch, M, N]`` (FP4 unpacked) in ``dtype``; scale code 0xFF (NaN block) gives
+    NaN.
     """
-    if torch.compiler.is_compiling():  # one opaque node (Inductor has no float8_e8m0fnu kernels)
-        return torch.ops.swiglu_ops.mx_dequantize(
-            data, scale, axis=axis, group_index=group_index, dtype=dtype,
-            dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),
-        )  # fmt: skip
-    fmt, _ = dequantize_spec(data, scale, axis, group_index, dst_dtype)
     codes = unpack_fp4(data) if fmt.packed else data
     *lead, m, n = codes.shape
     # fp32 is exact here (elements have <= 4 significant bits, scales are powers of two >= 2**-127), so
     # only a float64 request needs float64; the per-element work is two table lookups and one multiply.
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    vals = _lookup(_element_table(fmt, work, data.device), codes)
+    vals = lookup(element_table(fmt, work, data.device), codes)
     if axis == -1:
-        factor = _lookup(_e8m0_table(work, data.device), scale).view(*lead, m, mxscale1_slots(n))
+        factor = lookup(e8m0_table(work, data.device), scale).view(*lead, m, mxscale1_slots(n))
         if n % BLOCK == 0:
             factor = factor[..., : n // BLOCK].unsqueeze(-1)
             return (vals.view(*lead, m, n // BLOCK, BLOCK) * factor).view(codes.shape).to(dtype)
         block = torch.arange(n, device=data.device) // BLOCK  # partial last block
         return (vals * factor.index_select(-1, block)).to(dtype)
     rows = scale.shape[-3]
-    table = _e8m0_table(work, data.device)
-    slots = _lookup(table, scale).movedim(-1, -2).reshape(*lead, rows * 2, n)  # 32-row block slots
+    table = e8m0_table(work, data.device)
+    slots = lookup(table, scale).movedim(-1, -2).reshape(*lead, rows * 2, n)  # 32-row block slots
     ranges, bases = column_block_groups(group_index, m)
     out = torch.empty_like(vals)
     covered = ranges[-1][1]  # rows of no group (past the last end) read as code 0, like an unused slot
@@ -507,70 +511,21 @@ def mx_dequantize(
     return out.to(dtype)
 
 
-def dequantize_spec(data, scale, axis, group_index, dst_dtype):
-    """Validation of :func:`mx_dequantize` (also its fake kernel's): ``(format, result shape)``."""
-    if not isinstance(data, torch.Tensor) or not isinstance(scale, torch.Tensor):
-        raise TypeError("mx_dequantize: data and scale must be tensors")
-    typed = {fmt.torch_dtype for fmt in _DESTINATIONS.values()} - {torch.uint8}
-    if dst_dtype is None:
-        if data.dtype not in typed:
-            raise TypeError(
-                "data must be float8_e4m3fn, float8_e5m2 or float4_e2m1fn_x2 (y1 / y2), or uint8 codes with "
-                f"dst_dtype= naming their format, got {data.dtype}"
-            )
-        fmt = next(f for f in _DESTINATIONS.values() if f.torch_dtype == data.dtype)
-    else:
-        fmt = element_format(dst_dtype)
-        if data.dtype not in (fmt.torch_dtype, torch.uint8):
-            raise TypeError(
-                f"data must be {fmt.torch_dtype} or uint8 codes for dst_dtype {dst_dtype}, got {data.dtype}"
-            )
-    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
-        raise TypeError(f"scale must be float8_e8m0fnu or uint8 codes, got {scale.dtype}")
-    if axis not in (-1, -2):
-        raise ValueError(f"axis must be -1 (mxscale1) or -2 (mxscale2), got {axis}")
-    if data.dim() < 2:
-        raise ValueError(f"data must have rank >= 2, got shape {tuple(data.shape)}")
-    *lead, m, w = data.shape
-    shape = (*lead, m, 2 * w if fmt.packed else w)
-    if axis == -1:
-        if tuple(scale.shape) != mxscale1_shape(shape):
-            raise ValueError(f"scale must have shape {mxscale1_shape(shape)}, got {tuple(scale.shape)}")
-        return fmt, shape
-    n = shape[-1]
-    if group_index is not None:
-        if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.numel() < 1:
-            raise ValueError("group_index (cumulative row ends) must be a non-empty 1-D tensor")
-        if data.dim() != 2:
-            raise ValueError("group_index (cumulative row ends) is only supported with 2-D data")
-    g = None if group_index is None else group_index.numel()
-    rows = mxscale2_rows(m, g)
-    if tuple(scale.shape) != (*lead, rows, n, 2):
-        hint = ""
-        if g is None and data.dim() == 2 and scale.dim() == 3 and scale.shape[-2:] == (n, 2):
-            hint = (
-                f": group_index is missing (scales of grouped outputs have M//64 + G = {m // 64} + G rows, "
-                "pass the cumulative row ends that produced them)"
-            )
-        raise ValueError(f"scale must have shape {(*lead, rows, n, 2)}, got {tuple(scale.shape)}{hint}")
-    return fmt, shape
-
-
 @functools.cache
-def _element_table(fmt: ElementFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def element_table(fmt: ElementFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Code -> value for every uint8 code (FP4: the low nibble; codes are unpacked before the lookup)."""
     return decode(torch.arange(256, dtype=torch.uint8), fmt).to(dtype=dtype, device=device)
 
 
 @functools.cache
-def _e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """E8M0 code -> 2**(code - 127); 0xFF is NaN (the scale of a NaN/inf block)."""
     table = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 127)
     table[0xFF] = torch.nan
     return table.to(dtype=dtype, device=device)
 
 
-def _lookup(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+def lookup(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """``table[codes]`` for a uint8 / fp8 / e8m0 code tensor, with 4-byte indices."""
     flat = codes.reshape(-1).view(torch.uint8).to(torch.int32)
     return table.index_select(0, flat).view(codes.shape)

@@ -1,5 +1,10 @@
-"""The reference backend: the contract in readable PyTorch. The oracle of the test suite."""
+"""The reference backend: the contract in readable PyTorch, one file per rule family, built from the rules
+of :mod:`swiglu_ops.numerics`. The oracle of the test suite; reached, like every backend, only through the
+registry (``backend="reference"``)."""
 
+import sys
+
+from ...ops.registry import KERNELS, Backend
 from .bwd_mx_quant import swiglu_bwd_mx_quant
 from .clipped import clipped_swiglu, clipped_swiglu_grad
 from .fwd_mx_quant import swiglu_mx_quant
@@ -12,7 +17,15 @@ def is_available(device) -> tuple[bool, str]:
     return True, ""
 
 
+BACKEND = Backend(
+    name=NAME,
+    module=sys.modules[__name__],
+    kernels=KERNELS,  # every kernel contract
+)
+
+
 __all__ = [
+    "BACKEND",
     "NAME",
     "is_available",
     "swiglu_group_grad",

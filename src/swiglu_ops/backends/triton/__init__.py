@@ -3,7 +3,7 @@ into four kernels (``_kernels``), for CUDA tensors (Hopper and newer; nothing in
 sm_100-only). With ``TRITON_INTERPRET=1`` set before this package is imported, the same kernels run on CPU
 tensors through Triton's interpreter, which is how CI checks them without a GPU.
 
-The entry points follow the kernel contract in :mod:`swiglu_ops._api`, one per CANN operator, and run every
+The entry points follow the kernel contract in the kernel contracts (``docs/design.md``), one per CANN operator, and run every
 member of the GLU family with every option. The launch path never synchronises with the device: grids
 are sized from shapes and the number of groups only, and ``valid_rows`` and the group ends are read inside
 the kernels.
@@ -14,12 +14,15 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 
 import torch
+
 import triton
 
-from .. import mx
-from ..reference import glu as glu_math
+from ...numerics import glu as glu_math
+from ...numerics import mx
+from ...ops.registry import KERNELS, Backend
 from . import _kernels
 from ._kernels import INTERPRETED
 
@@ -102,13 +105,13 @@ def is_available(device) -> tuple[bool, str]:
     device = torch.device(device)
     if device.type == "cuda":
         if INTERPRETED:
-            return False, "TRITON_INTERPRET=1 was set when swiglu_ops.triton was imported"
+            return False, "TRITON_INTERPRET=1 was set when swiglu_ops.backends.triton was imported"
         return True, ""
     if device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
             return False, "CPU tensors need TRITON_INTERPRET=1 (Triton's interpreter)"
         if not INTERPRETED:
-            return False, "TRITON_INTERPRET=1 must be set before swiglu_ops.triton is imported"
+            return False, "TRITON_INTERPRET=1 must be set before swiglu_ops.backends.triton is imported"
         return True, ""
     return False, f"Triton kernels run on CUDA tensors, not {device.type}"
 
@@ -313,7 +316,15 @@ def swiglu_mx_quant(
     )  # fmt: skip
 
 
+BACKEND = Backend(
+    name=NAME,
+    module=sys.modules[__name__],
+    kernels=KERNELS,  # every kernel contract
+)
+
+
 __all__ = [
+    "BACKEND",
     "NAME",
     "is_available",
     "swiglu_group_grad",

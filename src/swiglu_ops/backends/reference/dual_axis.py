@@ -2,7 +2,7 @@
 Ascend's paired layouts (``swiglu_backward_mx_quant.md`` 4 and ``swiglu_mx_quant.md`` 4), readably.
 
 The numeric rules (scales, element codes, packing, group clamping, row bases) come from
-:mod:`swiglu_ops.mx`; this module only walks the blocks:
+:mod:`swiglu_ops.numerics.mx`; this module only walks the blocks:
 
 - -1 axis: 32 consecutive columns per block, from column 0; the row is zero padded to a whole number of
   64-column pairs, so a partial last block takes its scale from its real columns and an odd block count
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import mx
+from ...numerics import mx
 
 
 def quantize_rowwise(values: torch.Tensor, fmt: mx.ElementFormat, scale_alg: int, round_mode: str):
@@ -53,7 +53,7 @@ def quantize_colwise(
 
 
 def _store(codes: torch.Tensor, fmt: mx.ElementFormat) -> torch.Tensor:
-    """Element codes as stored: FP8 one byte each, FP4 two per byte (:func:`swiglu_ops.mx.pack_fp4`)."""
+    """Element codes as stored: FP8 one byte each, FP4 two per byte (:func:`swiglu_ops.numerics.mx.pack_fp4`)."""
     return mx.pack_fp4(codes) if fmt.packed else codes
 
 
@@ -61,7 +61,7 @@ def quantize_dual_axis(
     values, group_ends, fmt, scale_alg, round_mode, y1, s1, y2, s2, transpose_y2=False
 ) -> None:
     """Quantise ``values`` [B, M, C] (the stage-1 result in x's dtype) along both axes into the outputs of
-    the kernel contracts (``swiglu_ops._api``): ``y1``/``y2`` [B, M, C] or [B, M, C/2] (FP4) uint8 (``y2``
+    the kernel contracts (the kernel contracts (``docs/design.md``)): ``y1``/``y2`` [B, M, C] or [B, M, C/2] (FP4) uint8 (``y2``
     [B, C, M] with ``transpose_y2``, FP8 only), ``s1`` [B, M, 2 * ceil(C/64)], ``s2`` [B, R, C, 2]
     (written whole: the slots that no 32-row block maps to are 0).
 

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _api, mx
+from ..numerics import mx
+from ..ops import validate as V
 
 __all__ = [
     "to_blocked",
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 _TILE_ROWS, _TILE_COLS = 128, 4
+_DEVICES = ("cpu", "cuda")
 
 
 def _ceil_div(n: int, k: int) -> int:
@@ -81,15 +83,15 @@ def _check_scales(name: str, scales, rank: int | None = None) -> None:
 
 
 def _check_groups(group_index, scales: torch.Tensor, num_rows: int) -> None:
-    """The operators' rules for cumulative row ends (one place: :mod:`swiglu_ops._api`)."""
+    """The operators' rules for cumulative row ends (one place: :mod:`swiglu_ops.ops.validate`)."""
     if group_index is None:
         return
-    _api._check_group_index(group_index, _api.ENDS)
+    V.check_group_index(group_index, V.ENDS)
     if group_index.device != scales.device:
         raise ValueError(
             f"group_index must be on the scales' device ({scales.device}), got {group_index.device}"
         )
-    _api.check_group_ends(group_index, num_rows)
+    V.check_group_ends(group_index, num_rows)
 
 
 def _group_bounds(group_index: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +183,7 @@ def _check_mxscale2(mxscale2, num_rows, group_index) -> None:
         raise ValueError(f"num_rows must be the operator's row count M (an int >= 0), got {num_rows!r}")
     r, _, pair = mxscale2.shape
     if group_index is not None and not isinstance(group_index, torch.Tensor):
-        _api._check_group_index(group_index, _api.ENDS)  # the TypeError naming the convention
+        V.check_group_index(group_index, V.ENDS)  # the TypeError naming the convention
     g = None if group_index is None else group_index.numel()
     if pair != 2 or r != mx.mxscale2_rows(num_rows, g):
         hint = (
@@ -285,3 +287,82 @@ def mxscale2_to_blocked(mxscale2: torch.Tensor, num_rows: int, group_index=None)
     flat = blocked.reshape(total, 512)
     out = torch.where(valid[:, None], flat.index_select(0, src_tile), 0)
     return out.reshape(blocked.shape).view(mxscale2.dtype)
+
+
+# ------------------------------------------------------------------------------- custom ops (opaque)
+#
+# Inside torch.compile the helpers above become these ops: one opaque node each, whose real kernel is the
+# eager function. Inductor cannot generate code that reads or writes float8_e8m0fnu tensors, and every output
+# shape here is a function of input shapes (and the number of groups) only, so a fake kernel exists.
+
+
+@torch.library.custom_op(
+    "swiglu_ops::to_blocked", mutates_args=(), device_types=_DEVICES, schema="(Tensor scales) -> Tensor"
+)
+def _to_blocked_op(scales):
+    """See :func:`swiglu_ops.layouts.to_blocked`."""
+    return to_blocked(scales)
+
+
+@_to_blocked_op.register_fake
+def _to_blocked_fake(scales):
+    _check_scales("scales", scales, rank=2)
+    rows, cols = scales.shape
+    return scales.new_empty((_ceil_to(rows, 128), _ceil_to(cols, 4)))
+
+
+@torch.library.custom_op(
+    "swiglu_ops::mxscale1_to_blocked",
+    mutates_args=(),
+    device_types=_DEVICES,
+    schema="(Tensor mxscale1, Tensor? group_index=None) -> Tensor",
+)
+def _mxscale1_to_blocked_op(mxscale1, group_index=None):
+    """See :func:`swiglu_ops.layouts.mxscale1_to_blocked`."""
+    return mxscale1_to_blocked(mxscale1, group_index)
+
+
+@_mxscale1_to_blocked_op.register_fake
+def _mxscale1_to_blocked_fake(mxscale1, group_index=None):
+    plain = mxscale1_to_plain(mxscale1)
+    cols = _ceil_to(plain.shape[-1], 4)
+    if group_index is None:
+        return mxscale1.new_empty((_ceil_to(plain.numel() // plain.shape[-1], 128), cols))
+    if plain.dim() != 2:
+        raise ValueError("group_index is only supported with 2-D x (mxscale1 of rank 3)")
+    _check_groups(group_index, mxscale1, plain.shape[0])
+    return mxscale1.new_empty((128 * blocked_tiles_bound(plain.shape[0], group_index.numel()), cols))
+
+
+_MXSCALE2_SCHEMA = "(Tensor mxscale2, SymInt num_rows, Tensor? group_index=None) -> Tensor"
+
+
+@torch.library.custom_op(
+    "swiglu_ops::mxscale2_to_blocked", mutates_args=(), device_types=_DEVICES, schema=_MXSCALE2_SCHEMA
+)
+def _mxscale2_to_blocked_op(mxscale2, num_rows, group_index=None):
+    """See :func:`swiglu_ops.layouts.mxscale2_to_blocked`."""
+    return mxscale2_to_blocked(mxscale2, num_rows, group_index)
+
+
+@_mxscale2_to_blocked_op.register_fake
+def _mxscale2_to_blocked_fake(mxscale2, num_rows, group_index=None):
+    _check_mxscale2(mxscale2, num_rows, group_index)
+    g = None if group_index is None else group_index.numel()
+    tiles = blocked_tiles_bound(num_rows, g)
+    return mxscale2.new_empty((_ceil_to(mxscale2.shape[1], 128), 4 * tiles))
+
+
+@torch.library.custom_op(
+    "swiglu_ops::mxscale2_to_plain", mutates_args=(), device_types=_DEVICES, schema=_MXSCALE2_SCHEMA
+)
+def _mxscale2_to_plain_op(mxscale2, num_rows, group_index=None):
+    """See :func:`swiglu_ops.layouts.mxscale2_to_plain`."""
+    return mxscale2_to_plain(mxscale2, num_rows, group_index)
+
+
+@_mxscale2_to_plain_op.register_fake
+def _mxscale2_to_plain_fake(mxscale2, num_rows, group_index=None):
+    _check_mxscale2(mxscale2, num_rows, group_index)
+    g = 1 if group_index is None else group_index.numel()
+    return mxscale2.new_empty((-(-num_rows // 32) + g - 1, mxscale2.shape[1]))

@@ -9,7 +9,7 @@
 - :func:`swiglu_mx_backward`: SwiGLU ``y = silu(A) * B`` (or the GPT-OSS clipped SwiGLU) whose backward is
   the fused SwiGLU backward + dual-axis MXFP8 quantisation (``swiglu_backward_mx_quant_dual_axis``); autograd
   receives the dequantised gradient and :class:`MXGradient` keeps the quantised tensors for FP8 GEMMs.
-- :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp` (defined in :mod:`swiglu_ops.expert_mlp`): an MoE expert
+- :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp` (defined in :mod:`swiglu_ops.training.expert_mlp`): an MoE expert
   MLP whose SwiGLU runs on both dual-axis MX operators (forward and backward) and whose GEMMs read MXFP8.
 
 The backwards (and the clipped forward) call the registered custom ops (``torch.ops.swiglu_ops.*``), so they
@@ -25,13 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import _api, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
+from ..numerics import glu as glu_math
+from ..numerics.glu import split_columns
+from ..ops import api
+from ..ops import validate as V
+from ..ops.table import CLIPPED_SWIGLU
 from .expert_mlp import MXFP8ExpertMLP, mxfp8_expert_mlp
-from .glu import split_columns
-from .mx import mx_dequantize
-from .reference import glu as glu_math
+
+mx_dequantize = api.mx_dequantize
 
 __all__ = [
+    "clipped_swiglu",
     "clamped_swiglu",
     "ClampedSwiGLU",
     "ClippedSwigluFunction",
@@ -41,8 +45,6 @@ __all__ = [
     "MXFP8ExpertMLP",
     "mxfp8_expert_mlp",
 ]
-
-_ops = torch.ops.swiglu_ops
 
 
 # ------------------------------------------------------------------------------------- clamped SwiGLU
@@ -58,7 +60,7 @@ def _unweighted_forward(x: torch.Tensor, group_index: torch.Tensor | None, clamp
     y = F.silu(g) * u
     if group_index is not None:
         rows = math.prod(x.shape[:-1])
-        valid = torch.arange(rows, device=x.device) < _api._valid_rows(group_index, rows)
+        valid = torch.arange(rows, device=x.device) < V.valid_rows(group_index, rows)
         y = torch.where(valid.reshape(*x.shape[:-1], 1), y, 0.0)
     return y
 
@@ -77,9 +79,7 @@ def _half(x) -> torch.Tensor:
 def _validate_forward(x, weight, group_index, clamp_limit) -> float:
     """The backward operator's validation, run at forward time so that errors point at the forward call."""
     half = _half(x)
-    return _api.validate_group_grad(
-        half, x, weight, None if weight is None else half, group_index, clamp_limit
-    )
+    return V.validate_group_grad(half, x, weight, None if weight is None else half, group_index, clamp_limit)
 
 
 class _ClampedSwiGLUFunction(torch.autograd.Function):
@@ -100,10 +100,10 @@ class _ClampedSwiGLUFunction(torch.autograd.Function):
         # sum(dy * y_origin), which is w times the true dL/dw if y_origin includes the weight. Masked rows
         # have y_origin == 0, so their weight gradient is the true 0 although the operator never masks it.
         y_origin = None if weight is None else _unweighted_forward(x, group_index, ctx.clamp).to(x.dtype)
-        grad_x, grad_weight = _ops.swiglu_group_grad(
+        grad_x, grad_weight = api.swiglu_group_grad(
             grad_y.to(x.dtype), x, weight, y_origin, group_index, ctx.clamp, backend=ctx.backend
         )
-        return grad_x, (grad_weight if weight is not None else None), None, None, None
+        return grad_x, grad_weight, None, None, None
 
 
 def clamped_swiglu(x, weight=None, group_index=None, clamp_limit=0.0, *, backend="auto"):
@@ -185,12 +185,13 @@ class ClippedSwigluFunction(torch.autograd.Function):
     Rows past the valid count get +0.0. No gradient for group_index; no double backward.
     """
 
-    # The operators are called through swiglu_ops._api, which in eager mode skips the custom-op dispatcher
-    # (tens of microseconds per call) and while torch.compile traces emits the custom ops (one opaque node).
+    # The operators are called through the public layer (swiglu_ops.ops.api), which in eager mode skips the
+    # custom-op dispatcher (tens of microseconds per call) and while torch.compile traces emits the custom
+    # ops (one opaque node).
 
     @staticmethod
     def forward(ctx, x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode, backend):
-        y = _api.clipped_swiglu(
+        y = api.clipped_swiglu(
             x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
             clamp_mode=clamp_mode, backend=backend,
         )  # fmt: skip
@@ -209,10 +210,10 @@ class ClippedSwigluFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_y = grad_y.to(x.dtype)
             if ctx.clamp_mode == 0:
-                grad_x = _api.clipped_swiglu_grad(grad_y, x, group_index, **ctx.attrs)
+                grad_x = api.clipped_swiglu_grad(grad_y, x, group_index, **ctx.attrs)
             else:
                 a = ctx.attrs
-                grad_x = _api.clipped_swiglu_grad_mode1(
+                grad_x = api.clipped_swiglu_grad_mode1(
                     grad_y, x, group_index, dim=a["dim"], limit=a["limit"], interleaved=a["interleaved"],
                     backend=a["backend"],
                 )  # fmt: skip
@@ -257,7 +258,7 @@ class ClippedSwiGLU(torch.nn.Module):
         backend: str = "auto",
     ):
         super().__init__()
-        _api.glu_params(
+        V.glu_params(
             interleaved=interleaved, clipped=True, alpha=alpha, limit=limit, bias=bias, clamp_mode=clamp_mode
         )  # errors at construction, naming the argument
         self.dim, self.alpha, self.limit, self.bias = dim, alpha, limit, bias
@@ -274,6 +275,37 @@ class ClippedSwiGLU(torch.nn.Module):
             f"dim={self.dim}, alpha={self.alpha}, limit={self.limit}, bias={self.bias}, "
             f"interleaved={self.interleaved}, clamp_mode={self.clamp_mode}, backend={self.backend!r}"
         )
+
+
+_CLIPPED = {p.name: p.default for p in CLIPPED_SWIGLU.params}
+
+
+def clipped_swiglu(
+    x,
+    group_index=None,
+    *,
+    dim=_CLIPPED["dim"],
+    alpha=_CLIPPED["alpha"],
+    limit=_CLIPPED["limit"],
+    bias=_CLIPPED["bias"],
+    interleaved=_CLIPPED["interleaved"],
+    clamp_mode=_CLIPPED["clamp_mode"],
+    backend="auto",
+    out=None,
+):
+    if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
+        if out is not None:
+            raise ValueError("out= cannot be used when x requires grad (autograd does not record it)")
+        return ClippedSwigluFunction.apply(
+            x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode, backend
+        )
+    return api.clipped_swiglu(
+        x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+        clamp_mode=clamp_mode, backend=backend, out=out,
+    )  # fmt: skip
+
+
+clipped_swiglu.__doc__ = CLIPPED_SWIGLU.doc
 
 
 # ----------------------------------------------------------------------------------- MX-quantised backward
@@ -299,9 +331,9 @@ class _SwiGLUMXFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss):
         limit, alpha, bias, interleaved = gpt_oss
-        scale_alg = _api.bwd_mx_scale_alg(scale_alg)
-        _api.validate_mx_quant(x, _half(x), group_index, activate_left, "rint", scale_alg, dst_dtype, 0.0)
-        glu = _api.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+        scale_alg = V.bwd_mx_scale_alg(scale_alg)
+        V.validate_mx_quant(x, _half(x), group_index, activate_left, "rint", scale_alg, dst_dtype, 0.0)
+        glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
         a_cols, b_cols = split_columns(x.shape[-1], glu)
         xf = x.float()
         ctx.save_for_backward(x, group_index)
@@ -322,7 +354,7 @@ class _SwiGLUMXFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, group_index = ctx.saved_tensors
-        y1, s1, y2, s2 = _ops.swiglu_backward_mx_quant_dual_axis(
+        y1, s1, y2, s2 = api.swiglu_backward_mx_quant_dual_axis(
             x, grad_y.to(x.dtype), group_index, **ctx.options
         )
         if ctx.capture is not None:

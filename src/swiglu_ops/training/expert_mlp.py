@@ -18,7 +18,7 @@ GEMM                   operand from a fused op      partner                     
 
 (``a`` = act, ``g`` = dout, ``dh`` = the SwiGLU's input gradient.) GEMMs 2, 4, 5 and 6 read MXFP8 (E4M3FN
 elements, E8M0 scales, RCEIL rule, 32-element blocks along K) in **both** operands, as an MX GEMM does:
-the partner is quantised by the same rules (:func:`swiglu_ops.mx.quantize_blocks`), and token-axis blocks
+the partner is quantised by the same rules (:func:`swiglu_ops.numerics.mx.quantize_blocks`), and token-axis blocks
 restart at every expert's first token, in the operators' own ``mxscale2`` layout. GEMMs 1 and 3 stay bf16.
 Every GEMM accumulates in fp32 and rounds its result once to bf16.
 
@@ -48,10 +48,13 @@ import math
 
 import torch
 
-from . import _api, layouts, mx, torch_ops  # noqa: F401  (torch_ops registers torch.ops.swiglu_ops.*)
-from .mx import mx_dequantize
-from .reference import bwd_mx_quant as _bwd_stage1
-from .reference import fwd_mx_quant as _fwd_stage1
+from ..numerics import glu as glu_math
+from ..numerics import mx
+from ..ops import api
+from ..ops import validate as V
+from . import layouts
+
+mx_dequantize = api.mx_dequantize
 
 __all__ = ["MXFP8ExpertMLP", "mxfp8_expert_mlp", "quantize_mx_rowwise", "expert_mlp_reference", "GEMMS"]
 
@@ -71,7 +74,7 @@ _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and tuple(
 
 
 def _quantize_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`swiglu_ops.mx.quantize_blocks` for E4M3FN with RCEIL scales, its element cast done by torch:
+    """:func:`swiglu_ops.numerics.mx.quantize_blocks` for E4M3FN with RCEIL scales, its element cast done by torch:
     ``(codes float8_e4m3fn, scale codes uint8)``. The scale rule is mx's; the product ``v * 2**(127 - E)``
     of a 16-bit ``v`` is exact in fp32 wherever it can round to a nonzero E4M3 value, and RCEIL keeps it
     below 464, where torch's round-to-nearest-even cast needs no saturation: the same codes for every finite
@@ -88,7 +91,7 @@ def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (``K % 32 == 0``): ``(codes float8_e4m3fn [..., K], scale codes uint8 [..., K/32])`` (view them as
     ``torch.float8_e8m0fnu`` for a GEMM).
 
-    The rules are the operators' (:func:`swiglu_ops.mx.quantize_blocks`); used for the weights, whose K is
+    The rules are the operators' (:func:`swiglu_ops.numerics.mx.quantize_blocks`); used for the weights, whose K is
     their last dim once laid out ``[E, N, K]``. The codes are contiguous (row-major, as MX GEMMs read
     them)."""
     *lead, k = v.shape
@@ -99,7 +102,7 @@ def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _token_blocks(ends: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For every row r: the ``mxscale2`` slot of its 32-row block and its position in the block. Row r of
     group g (first row ``start``) is in slot ``2 * (start // 64 + g) + (r - start) // 32``
-    (:func:`swiglu_ops.mx.group_row_base`). Tensor ops only (no host synchronisation)."""
+    (:func:`swiglu_ops.numerics.mx.group_row_base`). Tensor ops only (no host synchronisation)."""
     ends = ends.to(torch.int64)
     rows = torch.arange(m, device=ends.device)
     g = torch.searchsorted(ends, rows, right=True).clamp(max=ends.numel() - 1)  # in bounds for any values
@@ -123,15 +126,15 @@ def _quantize_token_axis(v: torch.Tensor, ends: torch.Tensor, blocks) -> tuple[t
 
 
 def _table(cached, *args) -> torch.Tensor:
-    """A decode table of :mod:`swiglu_ops.mx` (cached per dtype and device); traced uncached under
+    """A decode table of :mod:`swiglu_ops.numerics.mx` (cached per dtype and device); traced uncached under
     torch.compile (Dynamo ignores the cache and warns about it)."""
     return (cached.__wrapped__ if torch.compiler.is_compiling() else cached)(*args)
 
 
 def _values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """``element(codes) * 2**(scales - 127)`` elementwise (scales already one per element), fp32."""
-    elements = mx._lookup(_table(mx._element_table, _FMT, torch.float32, codes.device), codes)
-    return elements * mx._lookup(_table(mx._e8m0_table, torch.float32, codes.device), scales)
+    elements = mx.lookup(_table(mx.element_table, _FMT, torch.float32, codes.device), codes)
+    return elements * mx.lookup(_table(mx.e8m0_table, torch.float32, codes.device), scales)
 
 
 def _dequantize_token_axis(y2: torch.Tensor, s2: torch.Tensor, blocks, ends: torch.Tensor) -> torch.Tensor:
@@ -313,11 +316,7 @@ def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) 
 
 
 def _fused_backward(h, dact, ends, glu_kwargs, backend):
-    if torch.compiler.is_compiling():  # one opaque node; eager calls skip the dispatcher
-        return torch.ops.swiglu_ops.swiglu_backward_mx_quant_dual_axis(
-            h, dact, ends, **glu_kwargs, backend=backend
-        )
-    return _api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, backend=backend)
+    return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, backend=backend)
 
 
 class _ExpertMLPFunction(torch.autograd.Function):
@@ -328,15 +327,15 @@ class _ExpertMLPFunction(torch.autograd.Function):
         path = _resolve_gemm(gemm, x, ends) if quantize else "bf16"
         h = _grouped_mm(x, w1, offs)  # GEMM 1, bf16
         if quantize:
-            act = _api.swiglu_mx_quant_dual_axis(h, ends, **glu_kwargs, backend=backend)
+            act = api.swiglu_mx_quant_dual_axis(h, ends, **glu_kwargs, backend=backend)
             w2q = quantize_mx_rowwise(w2.transpose(-2, -1))  # [E, d, H]: blocks along H
             out = _mm_rows(path, act[:2], w2q, ends, offs)  # GEMM 2
             saved = act[2:]  # y2, mxscale2: the wgrad operand of W2
             if capture is not None:
                 capture.update(gemm=path, h=h, act=act, w2q=w2q)
         else:
-            glu = _api.mx_glu_params(True, interleaved, limit, alpha, bias)
-            act = _fwd_stage1.stage1(h, glu)
+            glu = V.mx_glu_params(True, interleaved, limit, alpha, bias)
+            act = glu_math.forward_rounded(h, glu)
             out = _grouped_mm(act, w2, offs)
             saved = (act,)
         ctx.save_for_backward(x, w1, w2, ends, h, *saved)
@@ -354,12 +353,12 @@ class _ExpertMLPFunction(torch.autograd.Function):
         dx = dw1 = dw2 = None
         if not ctx.quantize:
             (act,) = saved
-            glu = _api.mx_glu_params(True, **ctx.glu_kwargs)
+            glu = V.mx_glu_params(True, **ctx.glu_kwargs)
             if need_w2:
                 dw2 = _grouped_mm(act.t(), dout, offs)
             if need_x or need_w1:
                 dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)
-                dh = _bwd_stage1.stage1(h, dact, glu)
+                dh = glu_math.backward_rounded(h, dact, glu)
                 dx = _grouped_mm(dh, w1.transpose(-2, -1), offs) if need_x else None
                 dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
             return dx, dw1, dw2, *([None] * 9)
@@ -417,9 +416,9 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
             f"group_ends must be 1-D with one cumulative token end per expert ({e}), got shape "
             f"{tuple(group_ends.shape)}"
         )
-    _api._check_device(x, w1=w1, w2=w2, group_ends=group_ends)
-    _api.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
-    _api.mx_glu_params(True, interleaved, limit, alpha, bias)
+    V.check_device(x, w1=w1, w2=w2, group_ends=group_ends)
+    V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
+    V.mx_glu_params(True, interleaved, limit, alpha, bias)
     if not isinstance(quantize, bool):
         raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
     if gemm not in GEMMS:
@@ -471,7 +470,7 @@ def mxfp8_expert_mlp(
 class MXFP8ExpertMLP(torch.nn.Module):
     """The expert MLPs of an MoE layer (``E`` experts, ``d_model -> 2H -> d_model``) on the fused MX SwiGLU
     operators and MXFP8 GEMMs (:func:`mxfp8_expert_mlp`; which operand is MXFP8 where: the module docstring
-    of :mod:`swiglu_ops.expert_mlp`).
+    of :mod:`swiglu_ops.training.expert_mlp`).
 
     Parameters ``w1 [E, d, 2H]`` (gate | up, or interleaved for GPT-OSS) and ``w2 [E, H, d]``, kept in
     ``dtype`` (fp32 master weights by default) and cast to bf16 in ``forward``. ``forward(x, group_ends)``
@@ -500,7 +499,7 @@ class MXFP8ExpertMLP(torch.nn.Module):
         super().__init__()
         if hidden % 32 or d_model % 8:
             raise ValueError(f"hidden must be a multiple of 32 and d_model of 8, got {hidden}, {d_model}")
-        _api.mx_glu_params(True, interleaved, limit, alpha, bias)  # errors here, naming the argument
+        V.mx_glu_params(True, interleaved, limit, alpha, bias)  # errors here, naming the argument
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
         kw = dict(device=device, dtype=dtype)

@@ -2,7 +2,7 @@
 
 Every operator is one C entry point (``csrc/swiglu_cpu.h``) that owns its arguments, threads and task
 loop; this module only fills the entry point's argument struct from the kernel contract of
-:mod:`swiglu_ops._api` and calls it (``_loader`` loads the library and picks the instruction set). The
+the kernel contracts (``docs/design.md``) and calls it (``_loader`` loads the library and picks the instruction set). The
 design, the measurements and the numbers are in ``docs/cpu_backend.md``.
 
 Threads: ``torch.get_num_threads()`` at the time of the call (``torch.set_num_threads`` changes it). The
@@ -26,7 +26,8 @@ import weakref
 import numpy as np
 import torch
 
-from ..glu import GluParams
+from ...numerics.glu import GluParams
+from ...ops.registry import KERNELS, Backend
 from . import _loader
 
 NAME = "cpu"
@@ -161,7 +162,7 @@ OUTPUT_CACHE = OutputCache(max_bytes=cache_bytes_from_env(os.environ.get("SWIGLU
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """Output allocation for ``swiglu_ops._api``: large outputs reuse the memory of freed ones."""
+    """Output allocation for the kernel contracts (``docs/design.md``): large outputs reuse the memory of freed ones."""
     return OUTPUT_CACHE.empty(shape, dtype)
 
 
@@ -224,7 +225,7 @@ def _glu_args(op: int, x: torch.Tensor, valid_rows, out: torch.Tensor, dy=None, 
 
 
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x/grad_weight."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x/grad_weight."""
     args = _glu_args(LIBRARY.lib.SWIGLU_OP_GROUP_GRAD, x, valid_rows, grad_x, dy)
     args.weight = _ptr(weight, "float *")
     args.y_origin = _ptr(y_origin)
@@ -234,12 +235,12 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
 
 
 def clipped_swiglu(x, valid_rows, glu, y) -> None:
-    """Backend entry point (see ``swiglu_ops._api``). Writes y (+0.0 on rows past the valid count)."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y (+0.0 on rows past the valid count)."""
     _run("swiglu_glu_run", _glu_args(LIBRARY.lib.SWIGLU_OP_CLIPPED_FWD, x, valid_rows, y, glu=glu))
 
 
 def clipped_swiglu_grad(dy, x, valid_rows, glu, grad_x) -> None:
-    """Backend entry point (see ``swiglu_ops._api``). Writes grad_x (+0.0 on rows past the valid count)."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x (+0.0 on rows past the valid count)."""
     _run("swiglu_glu_run", _glu_args(LIBRARY.lib.SWIGLU_OP_CLIPPED_BWD, x, valid_rows, grad_x, dy, glu))
 
 
@@ -280,15 +281,22 @@ def _mx(
 
 
 def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2."""
     _mx(True, x, dy, group_ends, glu, scale_alg, fmt, "rint", y1, s1, y2, s2, transpose_y2)
 
 
 def swiglu_mx_quant(
     x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
 ) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes y1, s1, y2, s2."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2."""
     _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2)
+
+
+BACKEND = Backend(
+    name=NAME,
+    module=sys.modules[__name__],
+    kernels=KERNELS,  # every kernel contract
+)
 
 
 @contextlib.contextmanager
@@ -338,6 +346,7 @@ def act_table(
 
 
 __all__ = [
+    "BACKEND",
     "NAME",
     "LIBRARY",
     "OUTPUT_CACHE",

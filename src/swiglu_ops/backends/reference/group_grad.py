@@ -39,7 +39,7 @@ def numpy_pairwise_sum(a: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
-    """Backend entry point (see ``swiglu_ops._api`` for the argument contract). Writes grad_x/grad_weight."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x/grad_weight."""
     rows, hidden = dy.shape
     dy = dy.float()
     xf = x.float()

@@ -1,0 +1,641 @@
+"""The operator table: one declaration per operator, everything else is read from it.
+
+A row (:class:`OpDef`) says what an operator is: its public name and CANN's, its parameters in signature
+order (inputs and attributes, with the custom-op schema type and default of each), its outputs, its group
+convention, the kernel contract its backends implement, and its rules (:attr:`OpDef.plan`: the checks of
+:mod:`.validate` it applies, the output shapes and dtypes, and how the validated arguments become the kernel
+contract's call). From the rows come:
+
+- the public functions' signatures and docstrings (:mod:`.api`: validate -> registry -> kernel -> outputs);
+- the ``torch.ops.swiglu_ops.*`` custom ops: schema, real kernel and fake kernel (:mod:`.custom_ops`);
+- ``swiglu-ops verify`` and the benchmark's list of operators.
+
+Adding a parameter to an operator is its :class:`Param` in the row, the row's plan (its check and what the
+kernel receives) and the kernels that use it. Adding an operator is a row and its kernels in each backend
+(``docs/design.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..numerics import mx
+from . import validate as V
+from .validate import COUNTS, ENDS
+
+__all__ = ["Param", "Output", "Plan", "OpDef", "OPERATORS", "PUBLIC", "REQUIRED"]
+
+#: A parameter without a default.
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: ``schema`` is its type in the custom op's schema (``Tensor``, ``Tensor?``, ``float``,
+    ``float?``, ``int``, ``int?``, ``bool``, ``str``, ``ScalarType``); ``to_schema`` converts a Python value
+    into what the schema carries (e.g. the MX forward's destination format travels by name, since the E1M2
+    sentinel is no ``ScalarType``) and ``from_schema`` back."""
+
+    name: str
+    schema: str
+    default: Any = REQUIRED
+    kw_only: bool = False
+    to_schema: Callable | None = None
+    from_schema: Callable | None = None
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.schema.startswith("Tensor")
+
+    def schema_default(self) -> str:
+        value = self.default if self.to_schema is None else self.to_schema(self.default)
+        if value is None:
+            return "None"
+        if isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str):
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        if isinstance(value, float) and math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output. An output with ``when`` (a parameter's name) exists only when that argument is given:
+    without it the public function returns ``None`` in its place (or, if ``dropped``, leaves it out of the
+    result tuple) and the custom op, whose schema cannot return None, an empty ``(0,)`` tensor."""
+
+    name: str
+    when: str | None = None
+    dropped: bool = False
+
+    def present(self, values: dict) -> bool:
+        return self.when is None or values[self.when] is not None
+
+
+@dataclass
+class Plan:
+    """A validated call: what to allocate and how to call the kernel contract.
+
+    ``outputs``: ``(shape, dtype)`` per :attr:`OpDef.outputs` entry, None for an absent optional output.
+    ``inputs``: the tensors the kernel reads (an ``out=`` must not overlap them). ``launch(kernel, outs)``
+    calls the backend's kernel with the normalised views; None when there is nothing to compute (zero rows),
+    where ``fill(outs)`` writes what an empty call still returns (e.g. mxscale2's zero rows)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    outputs: tuple
+    inputs: dict
+    launch: Callable | None
+    fill: Callable | None = None
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One operator (see the module docstring)."""
+
+    name: str
+    cann: str
+    kernel: str
+    params: tuple[Param, ...]
+    outputs: tuple[Output, ...]
+    groups: str | None
+    plan: Callable[..., Plan]
+    doc: str
+    #: ``example(generator, dtype, device) -> arguments``: a small call with groups and awkward sizes, for
+    #: ``swiglu-ops verify``, the benchmark and the tests' operator matrix
+    example: Callable[..., dict] | None = None
+    #: ``out=`` inside torch.compile: copied from the custom op's results (False: refused, for dtypes Inductor
+    #: cannot copy: float8_e8m0fnu, float4_e2m1fn_x2)
+    compile_out: bool = True
+    public: bool = True
+    tensor_params: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "tensor_params", tuple(p.name for p in self.params if p.is_tensor))
+
+    @property
+    def qualified(self) -> str:
+        return f"swiglu_ops::{self.name}"
+
+    def out_names(self) -> list[str]:
+        if len(self.outputs) == 1:
+            return ["out"]
+        return [f"out[{i}] ({o.name})" for i, o in enumerate(self.outputs)]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _flat(t: torch.Tensor | None, *shape):
+    """``t`` as the contiguous ``shape`` the kernel contracts take (None stays None)."""
+    return None if t is None else t.reshape(*shape).contiguous()
+
+
+def _mx_outs(outs, batch, m, views):
+    """The four MX outputs as the uint8 ``[B, ...]`` views of the kernel contract."""
+    return [t.view(torch.uint8).view(batch, *v) for t, v in zip(outs, views, strict=True)]
+
+
+def _zero_mxscale2(outs) -> None:
+    outs[3].view(torch.uint8).zero_()  # M == 0: mxscale2 keeps its rows, zero-filled (contract section 2)
+
+
+# ------------------------------------------------------------------------------------- example calls
+
+
+def _randn(gen, shape, dtype, device, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def _example_group_grad(gen, dtype, device):
+    rows, hidden = 70, 96
+    return dict(
+        grad_y=_randn(gen, (rows, hidden), dtype, device),
+        x=_randn(gen, (rows, 2 * hidden), dtype, device, 3.0),
+        weight=torch.rand(rows, generator=gen).to(device),
+        y_origin=_randn(gen, (rows, hidden), dtype, device),
+        group_index=torch.tensor([40, 0, 25], device=device),  # counts: 65 valid rows
+        clamp_limit=7.0,
+    )
+
+
+def _example_bwd_mx(gen, dtype, device):
+    m, c = 100, 128
+    return dict(
+        x=_randn(gen, (m, c), dtype, device, 3.0),
+        y_grad=_randn(gen, (m, c // 2), dtype, device),
+        group_index=torch.tensor([17, 17, 70, m], device=device),  # ends; an empty group
+    )
+
+
+def _example_fwd_mx(gen, dtype, device):
+    m, c = 100, 2 * 80  # N = 80: a partial 32-column block
+    return dict(
+        x=_randn(gen, (m, c), dtype, device, 3.0), group_index=torch.tensor([33, 33, m], device=device)
+    )
+
+
+def _example_clipped(gen, dtype, device):
+    return dict(
+        x=_randn(gen, (3, 21, 2 * 40), dtype, device, 5.0), group_index=torch.tensor([50, 3], device=device)
+    )
+
+
+def _example_clipped_grad(gen, dtype, device):
+    args = _example_clipped(gen, dtype, device)
+    return dict(grad_y=_randn(gen, (3, 21, 40), dtype, device), **args)
+
+
+# --------------------------------------------------------------------------------- swiglu_group_grad
+
+
+def _plan_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit) -> Plan:
+    clamp = V.validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit)
+    hidden = grad_y.shape[-1]
+    rows = math.prod(grad_y.shape[:-1])
+
+    def launch(kernel, outs):
+        grad_x, grad_weight = outs
+        kernel(
+            _flat(grad_y, rows, hidden),
+            _flat(x, rows, 2 * hidden),
+            _flat(weight, rows),
+            _flat(y_origin, rows, hidden),
+            None if group_index is None else V.valid_rows(group_index, rows),
+            clamp,
+            grad_x.view(rows, 2 * hidden),
+            None if grad_weight is None else grad_weight.view(rows),
+        )
+
+    outputs = (
+        (tuple(x.shape), grad_y.dtype),
+        None if weight is None else (tuple(weight.shape), torch.float32),
+    )
+    inputs = dict(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
+    return Plan(x.device, x.dtype, outputs, inputs, launch if rows else None)
+
+
+_DOC_GROUP_GRAD = """Backward of ``y = silu(min(g, c)) * clip(u, -c, c) * weight`` with a group row mask.
+
+    Args:
+        grad_y: ``[..., H]`` bf16/fp16/fp32 upstream gradient (rank >= 2; leading dims are rows).
+        x: ``[..., 2H]`` forward input, same dtype; gate ``g = x[..., :H]``, up ``u = x[..., H:]``.
+        weight: fp32 per-row routing weight with ``numel == rows`` (any shape), or None.
+        y_origin: ``[..., H]`` forward output; required exactly when ``weight`` is given.
+        group_index: 1-D int64/int32 group **counts**; rows ``>= clamp(sum, 0, rows)`` get zero gradient.
+        clamp_limit: ``0`` disables the clamp; ``> 0`` (``inf`` included) enables open-interval masks.
+        backend: "auto", "reference", "cpu" or "triton".
+        out: optional preallocated ``(grad_x, grad_weight)`` to write into.
+
+    Returns:
+        ``(grad_x, grad_weight)``: grad_x like x in grad_y's dtype; grad_weight fp32 in weight's shape
+        (``None`` without weight) equal to ``sum_h fp32(grad_y) * fp32(y_origin)`` in NumPy pairwise order.
+        It is **not** divided by weight: pass the *unweighted* forward output as ``y_origin`` to get the
+        true dL/dweight (``swiglu_ops.ClampedSwiGLU`` does this).
+    """
+
+SWIGLU_GROUP_GRAD = OpDef(
+    name="swiglu_group_grad",
+    cann="SwigluGroupGrad",
+    kernel="swiglu_group_grad",
+    params=(
+        Param("grad_y", "Tensor"),
+        Param("x", "Tensor"),
+        Param("weight", "Tensor?", None),
+        Param("y_origin", "Tensor?", None),
+        Param("group_index", "Tensor?", None),
+        Param("clamp_limit", "float", 0.0),
+    ),
+    outputs=(Output("grad_x"), Output("grad_weight", when="weight")),
+    groups=COUNTS,
+    plan=_plan_group_grad,
+    doc=_DOC_GROUP_GRAD,
+    example=_example_group_grad,
+)
+
+
+# --------------------------------------------------------------- the dual-axis MX operators (FP8 / FP4)
+
+_MX_OUTPUTS = (Output("y1"), Output("mxscale1"), Output("y2"), Output("mxscale2"))
+#: The GLU parameters both MX operators take beyond CANN (stage 1 = the GPT-OSS clipped SwiGLU).
+_MX_GLU = (
+    Param("limit", "float?", None, kw_only=True),
+    Param("alpha", "float?", None, kw_only=True),
+    Param("bias", "float?", None, kw_only=True),
+    Param("interleaved", "bool", False, kw_only=True),
+    Param("transpose_y2", "bool", False, kw_only=True),
+)
+
+
+def _plan_bwd_mx(
+    x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha,
+    bias, interleaved, transpose_y2,
+) -> Plan:  # fmt: skip
+    scale_alg = V.bwd_mx_scale_alg(scale_alg)
+    fmt = V.validate_mx_quant(
+        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
+    )
+    V.check_transpose_y2(transpose_y2, fmt)
+    glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+    *lead, m, c = x.shape
+    batch = math.prod(lead)
+    outputs = tuple(V.mx_output_specs(x, group_index, dst_dtype, transpose_y2))
+
+    def launch(kernel, outs):
+        views = ((m, c), (m, c // 32), (c, m) if transpose_y2 else (m, c), (outs[3].shape[-3], c, 2))
+        kernel(
+            _flat(x, batch, m, c),
+            _flat(y_grad, batch, m, c // 2),
+            None if group_index is None else group_index.to(torch.int64).contiguous(),
+            glu,
+            int(scale_alg),
+            fmt,
+            *_mx_outs(outs, batch, m, views),
+            transpose_y2=transpose_y2,
+        )
+
+    inputs = dict(x=x, y_grad=y_grad, group_index=group_index)
+    return Plan(x.device, x.dtype, outputs, inputs, launch if batch * m else None, _zero_mxscale2)
+
+
+_DOC_BWD_MX = """SwiGLU backward, rounded to x's dtype, then MX-quantised along both axes in one pass.
+
+    Args:
+        x: ``[..., M, 2N]`` (rank 2..6) bf16/fp16/fp32, ``2N % 64 == 0``; A = left half if ``activate_left``.
+        y_grad: ``[..., M, N]``, same dtype.
+        group_index: 1-D int64/int32 cumulative row **ends** (2-D x only); token-axis blocks restart at
+            every group start.
+        scale_alg: 1 = RCEIL ("cuBLAS", default; None means 1), 0 = OCP floor.
+        dst_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
+        round_mode / max_dtype_value: must be "rint" / 0.0 (Ascend's only accepted values).
+        limit, alpha, bias: the GPT-OSS clipped SwiGLU (e.g. 7.0, 1.702, 1.0), all three or none (default:
+            CANN's plain SwiGLU). With them stage 1 is exactly :func:`clipped_swiglu_grad` (clamp_mode 0,
+            closed masks), rounded to x's dtype, then quantised as before.
+        interleaved: A/B are the even/odd columns (GPT-OSS's layout) instead of the two halves
+            (``activate_left=False`` swaps them); the gradient columns always follow x's columns.
+        transpose_y2: write y2 token-contiguous, ``[..., 2N, M]`` (the K-major operand of a wgrad GEMM,
+            ``y2[:, group]``), instead of CANN's ``[..., M, 2N]``; mxscale2 is unchanged. FP8 only.
+        backend: "auto", "reference", "cpu" or "triton".
+        out: optional preallocated ``(y1, mxscale1, y2, mxscale2)`` (exact shapes/dtypes, contiguous, on x's
+            device, not overlapping an input or each other), written completely and returned. Eager only:
+            inside torch.compile it is a ValueError (Inductor has no float8_e8m0fnu copy kernels).
+
+    Returns:
+        ``(y1, mxscale1, y2, mxscale2)``: y1/y2 like x in dst_dtype (y2 ``[..., 2N, M]`` with
+        ``transpose_y2``); mxscale1 ``[..., M, 2N/64, 2]`` and mxscale2 ``[..., R, 2N, 2]``
+        (``R = M//64 + G`` with groups, else ``ceil(M/64)``) as ``torch.float8_e8m0fnu``
+        (``.view(torch.uint8)`` gives the raw E8M0 codes). Inputs may require grad; the results do not
+        (the operator is not differentiable itself; :func:`swiglu_ops.swiglu_mx_backward` is).
+    """
+
+SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS = OpDef(
+    name="swiglu_backward_mx_quant_dual_axis",
+    cann="SwigluBackwardMxQuantWithDualAxis",
+    kernel="swiglu_bwd_mx_quant",
+    params=(
+        Param("x", "Tensor"),
+        Param("y_grad", "Tensor"),
+        Param("group_index", "Tensor?", None),
+        Param("activate_left", "bool", True, kw_only=True),
+        Param("round_mode", "str", "rint", kw_only=True),
+        Param("scale_alg", "int?", 1, kw_only=True),
+        Param("dst_dtype", "ScalarType", torch.float8_e4m3fn, kw_only=True),
+        Param("max_dtype_value", "float", 0.0, kw_only=True),
+        *_MX_GLU,
+    ),
+    outputs=_MX_OUTPUTS,
+    groups=ENDS,
+    plan=_plan_bwd_mx,
+    doc=_DOC_BWD_MX,
+    example=_example_bwd_mx,
+    compile_out=False,
+)
+
+
+def _plan_fwd_mx(
+    x, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha, bias,
+    interleaved, transpose_y2,
+) -> Plan:  # fmt: skip
+    fmt, scale_alg, mode, glu = V.validate_mx_forward(
+        x, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha, bias,
+        interleaved,
+    )  # fmt: skip
+    V.check_transpose_y2(transpose_y2, fmt)
+    *lead, m, c = x.shape
+    batch, n = math.prod(lead), c // 2
+    outputs = tuple(V.mx_forward_output_specs(x, group_index, fmt, transpose_y2))
+
+    def launch(kernel, outs):
+        width = outs[0].shape[-1]
+        views = (
+            (m, width),
+            (m, mx.mxscale1_slots(n)),
+            (n, m) if transpose_y2 else (m, width),
+            (outs[3].shape[-3], n, 2),
+        )
+        kernel(
+            _flat(x, batch, m, c),
+            None if group_index is None else group_index.to(torch.int64).contiguous(),
+            glu,
+            scale_alg,
+            fmt,
+            mode,
+            *_mx_outs(outs, batch, m, views),
+            transpose_y2=transpose_y2,
+        )
+
+    inputs = dict(x=x, group_index=group_index)
+    return Plan(x.device, x.dtype, outputs, inputs, launch if batch * m else None, _zero_mxscale2)
+
+
+_DOC_FWD_MX = """SwiGLU forward, rounded to x's dtype, then MX-quantised along both axes in one pass (CANN
+    ``SwigluMxQuantWithDualAxis``, ``docs/operators.md`` section 4).
+
+    Args:
+        x: ``[..., M, 2N]`` bf16/fp16/fp32, rank >= 2 (leading dims: independent slices, no groups then),
+            ``2N`` even (FP4: a multiple of 4). ``act = silu(A) * B`` in CANN's order
+            ``(A / (exp(A * -1) + 1)) * B``, A the left half if ``activate_left`` (else the right half).
+        group_index: 1-D int64/int32 cumulative row **ends** (2-D x only): token-axis blocks restart at every
+            group start. On a CPU tensor the values must be non-decreasing, >= 0 and end at M; on a device
+            tensor each end is clamped into [previous end, M] and rows past the last end come out as zeros.
+        round_mode: "rint" (FP8: the only mode); FP4 also "round" (ties away from zero) and "floor".
+        scale_alg: None (default) = 1 (RCEIL) for FP8 and 0 (OCP) for FP4; 0 or 1 for FP8, 0 for FP4.
+        dst_dtype: ``torch.float8_e4m3fn`` (default), ``torch.float8_e5m2``, ``torch.float4_e2m1fn_x2`` or
+            ``swiglu_ops.float4_e1m2fn_x2`` (E1M2; results as uint8).
+        max_dtype_value: reserved, must be 0.0.
+        limit, alpha, bias: the GPT-OSS clipped SwiGLU (e.g. 7.0, 1.702, 1.0), all three or none (default:
+            CANN's plain SwiGLU). With them stage 1 is exactly :func:`clipped_swiglu` (clamp_mode 0).
+        interleaved: A/B are the even/odd elements of each row (GPT-OSS's layout) instead of its two halves
+            (``activate_left=False`` swaps them).
+        transpose_y2: write y2 token-contiguous, ``[..., N, M]`` (the K-major operand of a wgrad GEMM),
+            instead of CANN's ``[..., M, N]``; mxscale2 is unchanged. FP8 only (a ValueError for FP4).
+        backend: "auto", "reference", "cpu" or "triton".
+        out: optional preallocated ``(y1, mxscale1, y2, mxscale2)`` (exact shapes/dtypes, contiguous, on x's
+            device, not overlapping x or each other), written completely (pad slots and unused mxscale2 rows
+            as 0) and returned. Eager only: inside torch.compile it is a ValueError (Inductor has no
+            float8_e8m0fnu / float4 copy kernels).
+
+    Returns:
+        ``(y1, mxscale1, y2, mxscale2)``: y1/y2 ``[..., M, N]`` in dst_dtype (FP8) or ``[..., M, N/2]`` packed
+        bytes (``float4_e2m1fn_x2``, or uint8 for E1M2; element 2j in bits 3:0); mxscale1
+        ``[..., M, ceil(N/64), 2]`` and mxscale2 ``[..., R, N, 2]`` (``R = M//64 + G`` with groups, else
+        ``ceil(M/64)``) as ``torch.float8_e8m0fnu``. :func:`swiglu_ops.mx_dequantize` inverts them.
+    """
+
+SWIGLU_MX_QUANT_DUAL_AXIS = OpDef(
+    name="swiglu_mx_quant_dual_axis",
+    cann="SwigluMxQuantWithDualAxis",
+    kernel="swiglu_mx_quant",
+    params=(
+        Param("x", "Tensor"),
+        Param("group_index", "Tensor?", None),
+        Param("activate_left", "bool", True, kw_only=True),
+        Param("round_mode", "str", "rint", kw_only=True),
+        Param("scale_alg", "int?", None, kw_only=True),
+        # The destination format travels by name in the schema: the E1M2 sentinel is a string, not a
+        # ScalarType ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2", "float4_e1m2fn_x2").
+        Param(
+            "dst_dtype",
+            "str",
+            torch.float8_e4m3fn,
+            kw_only=True,
+            to_schema=mx.dst_name,
+            from_schema=mx.dst_from_name,
+        ),  # fmt: skip
+        Param("max_dtype_value", "float", 0.0, kw_only=True),
+        *_MX_GLU,
+    ),
+    outputs=_MX_OUTPUTS,
+    groups=ENDS,
+    plan=_plan_fwd_mx,
+    doc=_DOC_FWD_MX,
+    example=_example_fwd_mx,
+    compile_out=False,
+)
+
+
+# ------------------------------------------------------------------------ clipped SwiGLU (GPT-OSS)
+
+_CLIPPED_ATTRS = (
+    Param("dim", "int", -1, kw_only=True),
+    Param("alpha", "float", 1.702, kw_only=True),
+    Param("limit", "float", 7.0, kw_only=True),
+    Param("bias", "float", 1.0, kw_only=True),
+    Param("interleaved", "bool", True, kw_only=True),
+)
+
+
+def _plan_clipped(x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode) -> Plan:
+    d, glu = V.validate_clipped_swiglu(
+        x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+        clamp_mode=clamp_mode,
+    )  # fmt: skip
+    pre, cut = V.clipped_view(x.shape, d)
+
+    def launch(kernel, outs):
+        valid = None if group_index is None else V.valid_rows(group_index, pre)
+        kernel(_flat(x, pre, cut), valid, glu, outs[0].view(pre, cut // 2))
+
+    outputs = ((V.clipped_half_shape(x.shape, d), x.dtype),)
+    return Plan(x.device, x.dtype, outputs, dict(x=x, group_index=group_index), launch if pre * cut else None)
+
+
+_DOC_CLIPPED = """GPT-OSS's clipped SwiGLU (CANN ``ClippedSwiglu`` V2), fp32 math rounded once to x's dtype.
+
+    x is viewed as ``[pre, cut]`` with ``pre = prod(x.shape[:dim])`` (merge-axes rule); each row splits into
+    the activated half A and the linear half B: even / odd elements of the flattened row
+    (``interleaved=True``, GPT-OSS's ``[..., ::2]`` / ``[..., 1::2]``, also when ``dim != -1``) or its first
+    and second halves (``interleaved=False``). With ``L = limit``:
+
+    - ``clamp_mode=0`` (GPT-OSS): ``A~ = min(A, L)``,
+      ``y = (A~ / (exp(A~ * -alpha) + 1)) * (clip(B, -L, L) + bias)``
+    - ``clamp_mode=1`` (clamp after the activation): ``y = min(A / (exp(-A) + 1), L) * clip(B, -L, L)``;
+      alpha and bias are ignored.
+
+    Args:
+        x: bf16/fp16/fp32, rank 1..8, ``x.shape[dim]`` even. Non-contiguous and empty tensors are accepted.
+        group_index: 1-D int64/int32 group **counts** (1..8192 entries): rows ``>= clamp(sum, 0, pre)`` of the
+            ``[pre, cut]`` view are +0.0. Values are not checked (no host synchronisation).
+        dim: the axis that is halved; also fixes ``pre``/``cut``.
+        alpha, bias: any real numbers (used as fp32). limit: ``> 0`` in fp32 (``inf`` disables the clamp).
+        clamp_mode: 0 or 1.
+        backend: "auto", "reference", "cpu" or "triton".
+        out: optional preallocated result (exactly y's shape, dtype and device, contiguous, not overlapping an
+            input); it is fully written and returned.
+
+    Returns:
+        y: x's shape with ``shape[dim]`` halved, x's dtype. Differentiable when x requires grad (backward
+        :func:`clipped_swiglu_grad`; for clamp_mode 1 the library's extension, see
+        :class:`swiglu_ops.training.nn.ClippedSwigluFunction`); ``out=`` is then not allowed.
+    """
+
+CLIPPED_SWIGLU = OpDef(
+    name="clipped_swiglu",
+    cann="ClippedSwiglu",
+    kernel="clipped_swiglu",
+    params=(
+        Param("x", "Tensor"),
+        Param("group_index", "Tensor?", None),
+        *_CLIPPED_ATTRS,
+        Param("clamp_mode", "int", 0, kw_only=True),
+    ),
+    outputs=(Output("y"),),
+    groups=COUNTS,
+    plan=_plan_clipped,
+    doc=_DOC_CLIPPED,
+    example=_example_clipped,
+)
+
+
+def _plan_clipped_grad(grad_y, x, group_index, dim, alpha, limit, bias, interleaved, clamp_mode=0) -> Plan:
+    d, glu = V.validate_clipped_swiglu(
+        x, group_index, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved,
+        clamp_mode=clamp_mode, grad_y=grad_y, backward=True,
+    )  # fmt: skip
+    pre, cut = V.clipped_view(x.shape, d)
+
+    def launch(kernel, outs):
+        valid = None if group_index is None else V.valid_rows(group_index, pre)
+        kernel(_flat(grad_y, pre, cut // 2), _flat(x, pre, cut), valid, glu, outs[0].view(pre, cut))
+
+    inputs = dict(grad_y=grad_y, x=x, group_index=group_index)
+    return Plan(x.device, x.dtype, ((tuple(x.shape), x.dtype),), inputs, launch if pre * cut else None)
+
+
+_DOC_CLIPPED_GRAD = """CANN ``ClippedSwigluGrad``: the gradient of :func:`clipped_swiglu` with
+    ``clamp_mode=0`` (there is no clamp_mode; never use it for a clamp_mode-1 forward).
+
+    fp32, kernel operation order, rounded once to x's dtype. With ``A~ = min(A, L)``,
+    ``s = 1 / (exp(A~ * -alpha) + 1)`` and ``B' = clip(B, -L, L) + bias``::
+
+        dB = (dy * A~) * s                                  -> +0.0 unless -L <= B <= L
+        dA = ((((((1 - s) * A~) * alpha) + 1) * s) * B') * dy -> +0.0 unless A <= L
+
+    The masks are **closed** intervals on the raw inputs applied by a select (a masked position is exactly
+    +0.0, even where the formula gives NaN), as torch autograd of ``clamp`` does. Rows ``>= valid`` are +0.0.
+
+    Args:
+        grad_y: dL/dy, x's shape with ``shape[dim]`` halved, x's dtype.
+        x, group_index, dim, alpha, limit, bias, interleaved, backend: as in :func:`clipped_swiglu`.
+        out: optional preallocated grad_x (x's shape and dtype, contiguous, not overlapping an input).
+
+    Returns:
+        grad_x: x's shape and dtype, the gradient of x at the same positions (A and B interleaved or halves).
+    """
+
+CLIPPED_SWIGLU_GRAD = OpDef(
+    name="clipped_swiglu_grad",
+    cann="ClippedSwigluGrad",
+    kernel="clipped_swiglu_grad",
+    params=(
+        Param("grad_y", "Tensor"),
+        Param("x", "Tensor"),
+        Param("group_index", "Tensor?", None),
+        *_CLIPPED_ATTRS,
+    ),
+    outputs=(Output("grad_x"),),
+    groups=COUNTS,
+    plan=_plan_clipped_grad,
+    doc=_DOC_CLIPPED_GRAD,
+    example=_example_clipped_grad,
+)
+
+
+def _plan_clipped_grad_mode1(grad_y, x, group_index, dim, limit, interleaved) -> Plan:
+    return _plan_clipped_grad(grad_y, x, group_index, dim, 1.0, limit, 0.0, interleaved, clamp_mode=1)
+
+
+_DOC_CLIPPED_GRAD_MODE1 = """**Library extension** (not a CANN operator): the exact derivative of
+    ``clipped_swiglu(..., clamp_mode=1)``, with closed masks applied by a select as in CANN. With
+    ``den = exp(-A) + 1``, ``silu = A / den``, ``s = 1 / den``::
+
+        dB = dy * min(silu, L)                                -> +0.0 unless -L <= B <= L
+        dA = ((((1 - s) * A + 1) * s) * clip(B, -L, L)) * dy    -> +0.0 unless silu <= L
+
+    Used by the autograd module's backward; alpha and bias do not exist in this mode."""
+
+#: Not a CANN operator: the library's backward of ``clipped_swiglu(..., clamp_mode=1)`` (the exact
+#: derivative, closed masks), used by the autograd module; a private custom op.
+CLIPPED_SWIGLU_GRAD_MODE1 = OpDef(
+    name="_clipped_swiglu_grad_mode1",
+    cann="(none: library extension of ClippedSwigluGrad)",
+    kernel="clipped_swiglu_grad",
+    params=(
+        Param("grad_y", "Tensor"),
+        Param("x", "Tensor"),
+        Param("group_index", "Tensor?", None),
+        Param("dim", "int", -1, kw_only=True),
+        Param("limit", "float", 7.0, kw_only=True),
+        Param("interleaved", "bool", True, kw_only=True),
+    ),
+    outputs=(Output("grad_x"),),
+    groups=COUNTS,
+    plan=_plan_clipped_grad_mode1,
+    doc=_DOC_CLIPPED_GRAD_MODE1,
+    public=False,
+)
+
+
+#: Every operator, by name, in the order the docs list them.
+OPERATORS: dict[str, OpDef] = {
+    op.name: op
+    for op in (
+        SWIGLU_GROUP_GRAD,
+        SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS,
+        CLIPPED_SWIGLU,
+        CLIPPED_SWIGLU_GRAD,
+        SWIGLU_MX_QUANT_DUAL_AXIS,
+        CLIPPED_SWIGLU_GRAD_MODE1,
+    )
+}
+#: The operators users call (the five CANN operators).
+PUBLIC: tuple[OpDef, ...] = tuple(op for op in OPERATORS.values() if op.public)
