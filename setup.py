@@ -2,9 +2,9 @@
 
 Everything else is in ``pyproject.toml``. The library holds every kernel once per instruction set (portable
 C for the build's baseline, and on x86-64 also AVX2 and AVX-512 builds selected by function-level target
-pragmas); ``swiglu_ops.backends.cpu._loader`` picks the best one the CPU runs. The extension is optional: where it
-cannot be built (no C compiler, a compiler without GNU C vector extensions) the install still succeeds,
-``backend="cpu"`` says why it is unavailable and ``"auto"`` uses the reference backend.
+pragmas); ``swiglu_ops.backends.cpu._loader`` picks the best one the CPU runs. The extension is optional:
+where it cannot be built (no C compiler, a compiler without GNU C vector extensions) the install still
+succeeds, ``backend="cpu"`` says why it is unavailable and ``"auto"`` uses the reference backend.
 """
 
 import hashlib

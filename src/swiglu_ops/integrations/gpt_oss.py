@@ -81,8 +81,8 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
     """Make every ``GptOssExperts`` of a Hugging Face GPT-OSS model use the fused clipped SwiGLU.
 
     Replaces each expert module's ``_apply_gate`` (Hugging Face's activation, module docstring) by
-    :class:`swiglu_ops.training.nn.ClippedSwigluFunction` with the module's own ``alpha`` and ``limit`` (read at call
-    time), ``bias=1.0``, interleaved gate/up: forward ``clipped_swiglu`` and backward
+    :class:`swiglu_ops.training.nn.ClippedSwigluFunction` with the module's own ``alpha`` and ``limit`` (read
+    at call time), ``bias=1.0``, interleaved gate/up: forward ``clipped_swiglu`` and backward
     ``clipped_swiglu_grad``, each one fused pass computed in fp32 and rounded once to the activation dtype.
     Works for every expert implementation that calls ``_apply_gate`` (``eager``, ``batched_mm``,
     ``grouped_mm``), in training and inference. Weights, state dict and routing are untouched. Calling it

@@ -509,9 +509,9 @@ def validate_mx_forward(
 ):
     """Every rejection of swiglu_mx_quant.md sections 0 and 1.5 plus the contract (README 6.1 / 6.2).
 
-    Returns ``(fmt, scale_alg, round_mode, glu)`` resolved: the :class:`swiglu_ops.numerics.mx.ElementFormat`, 0 or 1
-    (``None`` means 1 for FP8 and 0 for FP4), the round mode's name and the
-    :class:`swiglu_ops.numerics.glu.GluParams` of stage 1.
+    Returns ``(fmt, scale_alg, round_mode, glu)`` resolved: the
+    :class:`swiglu_ops.numerics.mx.ElementFormat`, 0 or 1 (``None`` means 1 for FP8 and 0 for FP4), the round
+    mode's name and the :class:`swiglu_ops.numerics.glu.GluParams` of stage 1.
     """
     check_tensor("x", x)
     if x.dtype not in FLOAT_DTYPES:

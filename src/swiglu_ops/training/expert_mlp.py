@@ -18,9 +18,9 @@ GEMM                   operand from a fused op      partner                     
 
 (``a`` = act, ``g`` = dout, ``dh`` = the SwiGLU's input gradient.) GEMMs 2, 4, 5 and 6 read MXFP8 (E4M3FN
 elements, E8M0 scales, RCEIL rule, 32-element blocks along K) in **both** operands, as an MX GEMM does:
-the partner is quantised by the same rules (:func:`swiglu_ops.numerics.mx.quantize_blocks`), and token-axis blocks
-restart at every expert's first token, in the operators' own ``mxscale2`` layout. GEMMs 1 and 3 stay bf16.
-Every GEMM accumulates in fp32 and rounds its result once to bf16.
+the partner is quantised by the same rules (:func:`swiglu_ops.numerics.mx.quantize_blocks`), and token-axis
+blocks restart at every expert's first token, in the operators' own ``mxscale2`` layout. GEMMs 1 and 3 stay
+bf16. Every GEMM accumulates in fp32 and rounds its result once to bf16.
 
 Where the GEMMs run (``gemm=``):
 
@@ -74,9 +74,9 @@ _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and tuple(
 
 
 def _quantize_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`swiglu_ops.numerics.mx.quantize_blocks` for E4M3FN with RCEIL scales, its element cast done by torch:
-    ``(codes float8_e4m3fn, scale codes uint8)``. The scale rule is mx's; the product ``v * 2**(127 - E)``
-    of a 16-bit ``v`` is exact in fp32 wherever it can round to a nonzero E4M3 value, and RCEIL keeps it
+    """:func:`swiglu_ops.numerics.mx.quantize_blocks` for E4M3FN with RCEIL scales, its element cast done by
+    torch: ``(codes float8_e4m3fn, scale codes uint8)``. The scale rule is mx's; the product ``v * 2**(127 -
+    E)`` of a 16-bit ``v`` is exact in fp32 wherever it can round to a nonzero E4M3 value, and RCEIL keeps it
     below 464, where torch's round-to-nearest-even cast needs no saturation: the same codes for every finite
     block (tested). A NaN/inf block gets scale 0xFF as in mx (its elements differ; they decode to NaN)."""
     amax = mx.amax_bits(blocks, dim)
@@ -91,9 +91,9 @@ def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (``K % 32 == 0``): ``(codes float8_e4m3fn [..., K], scale codes uint8 [..., K/32])`` (view them as
     ``torch.float8_e8m0fnu`` for a GEMM).
 
-    The rules are the operators' (:func:`swiglu_ops.numerics.mx.quantize_blocks`); used for the weights, whose K is
-    their last dim once laid out ``[E, N, K]``. The codes are contiguous (row-major, as MX GEMMs read
-    them)."""
+    The rules are the operators' (:func:`swiglu_ops.numerics.mx.quantize_blocks`); used for the weights,
+    whose K is their last dim once laid out ``[E, N, K]``. The codes are contiguous (row-major, as MX GEMMs
+    read them)."""
     *lead, k = v.shape
     codes, scales = _quantize_blocks(v.contiguous().view(*lead, k // mx.BLOCK, mx.BLOCK), -1)
     return codes.reshape(v.shape), scales

@@ -9,7 +9,8 @@
 - :func:`swiglu_mx_backward`: SwiGLU ``y = silu(A) * B`` (or the GPT-OSS clipped SwiGLU) whose backward is
   the fused SwiGLU backward + dual-axis MXFP8 quantisation (``swiglu_backward_mx_quant_dual_axis``); autograd
   receives the dequantised gradient and :class:`MXGradient` keeps the quantised tensors for FP8 GEMMs.
-- :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp` (defined in :mod:`swiglu_ops.training.expert_mlp`): an MoE expert
+- :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp` (defined in :mod:`swiglu_ops.training.expert_mlp`): an
+MoE expert
   MLP whose SwiGLU runs on both dual-axis MX operators (forward and backward) and whose GEMMs read MXFP8.
 
 The backwards (and the clipped forward) call the registered custom ops (``torch.ops.swiglu_ops.*``), so they

@@ -1,9 +1,9 @@
 """The ``cpu`` backend: fused C kernels for CPU tensors, one pass over memory, all cores.
 
 Every operator is one C entry point (``csrc/swiglu_cpu.h``) that owns its arguments, threads and task
-loop; this module only fills the entry point's argument struct from the kernel contract of
-the kernel contracts (``docs/design.md``) and calls it (``_loader`` loads the library and picks the instruction set). The
-design, the measurements and the numbers are in ``docs/cpu_backend.md``.
+loop; this module only fills the entry point's argument struct from the kernel contract
+(``docs/design.md``) and calls it (``_loader`` loads the library and picks the
+instruction set). The design, the measurements and the numbers are in ``docs/cpu_backend.md``.
 
 Threads: ``torch.get_num_threads()`` at the time of the call (``torch.set_num_threads`` changes it). The
 results do not depend on it.
@@ -162,7 +162,8 @@ OUTPUT_CACHE = OutputCache(max_bytes=cache_bytes_from_env(os.environ.get("SWIGLU
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """Output allocation for the kernel contracts (``docs/design.md``): large outputs reuse the memory of freed ones."""
+    """Output allocation for the kernel contracts (``docs/design.md``): large outputs reuse the memory of
+    freed ones."""
     return OUTPUT_CACHE.empty(shape, dtype)
 
 
@@ -235,12 +236,14 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
 
 
 def clipped_swiglu(x, valid_rows, glu, y) -> None:
-    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y (+0.0 on rows past the valid count)."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y (+0.0 on rows past the valid
+    count)."""
     _run("swiglu_glu_run", _glu_args(LIBRARY.lib.SWIGLU_OP_CLIPPED_FWD, x, valid_rows, y, glu=glu))
 
 
 def clipped_swiglu_grad(dy, x, valid_rows, glu, grad_x) -> None:
-    """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x (+0.0 on rows past the valid count)."""
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x (+0.0 on rows past the
+    valid count)."""
     _run("swiglu_glu_run", _glu_args(LIBRARY.lib.SWIGLU_OP_CLIPPED_BWD, x, valid_rows, grad_x, dy, glu))
 
 

@@ -1,7 +1,7 @@
 """Loads the cpu backend's C library and chooses the instruction set its kernels run with.
 
-The library (``csrc/``, built by ``setup.py`` as the optional extension ``swiglu_ops.backends.cpu._kernels``) is
-plain C without the Python API. Its interface is declared once, in ``csrc/swiglu_cpu.h``, which cffi reads
+The library (``csrc/``, built by ``setup.py`` as the optional extension ``swiglu_ops.backends.cpu._kernels``)
+is plain C without the Python API. Its interface is declared once, in ``csrc/swiglu_cpu.h``, which cffi reads
 here: the structs, constants and prototypes below come from that file, not from a Python copy. cffi
 releases the GIL around every call.
 

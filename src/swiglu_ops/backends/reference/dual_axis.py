@@ -53,7 +53,8 @@ def quantize_colwise(
 
 
 def _store(codes: torch.Tensor, fmt: mx.ElementFormat) -> torch.Tensor:
-    """Element codes as stored: FP8 one byte each, FP4 two per byte (:func:`swiglu_ops.numerics.mx.pack_fp4`)."""
+    """Element codes as stored: FP8 one byte each, FP4 two per byte
+    (:func:`swiglu_ops.numerics.mx.pack_fp4`)."""
     return mx.pack_fp4(codes) if fmt.packed else codes
 
 
@@ -61,9 +62,9 @@ def quantize_dual_axis(
     values, group_ends, fmt, scale_alg, round_mode, y1, s1, y2, s2, transpose_y2=False
 ) -> None:
     """Quantise ``values`` [B, M, C] (the stage-1 result in x's dtype) along both axes into the outputs of
-    the kernel contracts (the kernel contracts (``docs/design.md``)): ``y1``/``y2`` [B, M, C] or [B, M, C/2] (FP4) uint8 (``y2``
-    [B, C, M] with ``transpose_y2``, FP8 only), ``s1`` [B, M, 2 * ceil(C/64)], ``s2`` [B, R, C, 2]
-    (written whole: the slots that no 32-row block maps to are 0).
+    the kernel contracts (``docs/design.md``): ``y1``/``y2`` [B, M, C] or [B, M, C/2]
+    (FP4) uint8 (``y2`` [B, C, M] with ``transpose_y2``, FP8 only), ``s1`` [B, M, 2 * ceil(C/64)], ``s2`` [B,
+    R, C, 2] (written whole: the slots that no 32-row block maps to are 0).
 
     ``group_ends`` (cumulative row ends, B == 1) or None; each end is clamped into [previous end, M], and
     rows past the last end belong to no group: all their outputs are 0.

@@ -3,10 +3,10 @@ into four kernels (``_kernels``), for CUDA tensors (Hopper and newer; nothing in
 sm_100-only). With ``TRITON_INTERPRET=1`` set before this package is imported, the same kernels run on CPU
 tensors through Triton's interpreter, which is how CI checks them without a GPU.
 
-The entry points follow the kernel contract in the kernel contracts (``docs/design.md``), one per CANN operator, and run every
-member of the GLU family with every option. The launch path never synchronises with the device: grids
-are sized from shapes and the number of groups only, and ``valid_rows`` and the group ends are read inside
-the kernels.
+The entry points follow the kernel contracts (``docs/design.md``), one per CANN
+operator, and run every member of the GLU family with every option. The launch path never synchronises with
+the device: grids are sized from shapes and the number of groups only, and ``valid_rows`` and the group ends
+are read inside the kernels.
 """
 
 from __future__ import annotations

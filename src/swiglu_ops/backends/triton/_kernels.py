@@ -18,8 +18,8 @@ The pieces, mirroring the C backend (``cpu/csrc/glu.h``, ``mx.h``, ``numerics.h`
   ``_mx_quantize``: scale codes, element codes, FP4 nibble packing), shared by both MX kernels; the FP8 and
   FP4 element encoders are one integer transcription of ``mx.encode`` (``_elem_code_int``).
 
-Every numeric rule mirrors :mod:`swiglu_ops.numerics.mx` and the reference backend, written so that it computes the
-same bits on a GPU and under ``TRITON_INTERPRET=1``:
+Every numeric rule mirrors :mod:`swiglu_ops.numerics.mx` and the reference backend, written so that it
+computes the same bits on a GPU and under ``TRITON_INTERPRET=1``:
 
 - Roundings are correctly rounded conversions. On the GPU, with ``HW_CVT``, they are single PTX
   instructions: ``cvt.rn.bf16x2.f32`` for bf16, ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for the FP8 codes
@@ -57,16 +57,17 @@ from triton.language.extra import libdevice
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _LIBDEVICE_EXP = tl.constexpr(not INTERPRETED)
 _INTERPRETED = tl.constexpr(INTERPRETED)
-# ``HW_CVT`` (a launch-time constexpr, ``swiglu_ops.backends.triton.HW_CONVERSIONS``): on the GPU, the correctly
-# rounded conversions as single PTX instructions (``cvt.rn.bf16x2.f32``, ``cvt.rn.satfinite.e4m3x2.f32``)
-# instead of their integer transcriptions, and the backward's fast reciprocals (``FAST`` below). The
-# interpreter has no inline asm and its fp32->bf16 cast truncates, so it always runs the integer path.
+# ``HW_CVT`` (a launch-time constexpr, ``swiglu_ops.backends.triton.HW_CONVERSIONS``): on the GPU, the
+# correctly rounded conversions as single PTX instructions (``cvt.rn.bf16x2.f32``,
+# ``cvt.rn.satfinite.e4m3x2.f32``) instead of their integer transcriptions, and the backward's fast
+# reciprocals (``FAST`` below). The interpreter has no inline asm and its fp32->bf16 cast truncates, so it
+# always runs the integer path.
 
 #: Rows of one column-wise MX block (and of the dual-axis tile), columns of one row-wise block.
 MX_BLOCK = tl.constexpr(32)
 
-#: Element round modes (constexpr ``ROUND``), by ``swiglu_ops.numerics.mx.ROUND_MODES`` name: ties to even, ties away
-#: from zero, towards -inf on the signed value. FP8 is always ``RINT``.
+#: Element round modes (constexpr ``ROUND``), by ``swiglu_ops.numerics.mx.ROUND_MODES`` name: ties to even,
+#: ties away from zero, towards -inf on the signed value. FP8 is always ``RINT``.
 ROUND_RINT = tl.constexpr(0)
 ROUND_HALF_AWAY = tl.constexpr(1)
 ROUND_FLOOR = tl.constexpr(2)
@@ -511,8 +512,8 @@ def _cols(K: tl.constexpr, VEC: tl.constexpr):
 def _load_halves(ptr, row_off, j, mask, half, a_index, b_pad):
     """The raw A and B elements of the pairs ``j`` from a row's two halves (A the left one for ``a_index``
     0); masked positions load A = 1.0 and B = ``b_pad`` (0.0, or -bias for the clipped MX forward: the
-    padding's values, see ``swiglu_ops.backends.triton.padding``; A = 1 keeps the fast quotient's key low, where a
-    zero numerator would send the tile to the exact path; ``b_pad`` None: any values, for callers that
+    padding's values, see ``swiglu_ops.backends.triton.padding``; A = 1 keeps the fast quotient's key low,
+    where a zero numerator would send the tile to the exact path; ``b_pad`` None: any values, for callers that
     select them away). ``mask`` None: plain loads."""
     if mask is None:
         a = tl.load((ptr + a_index * half) + (row_off + j))
@@ -1400,16 +1401,17 @@ def _mx_fwd_tile(
     # pairs (= output columns) per thread and row: 8 interleaved (the codes' 8-byte stores), else a vector
     VEC: tl.constexpr = 8 if INTERLEAVED else 128 // DTYPE.primitive_bitwidth
     ob = tile * NB + tl.arange(0, NB)[None, :, None, None]  # row-wise block, [1, NB, 1, 1]
-    # The padding's B in x's dtype from its bits (swiglu_ops.backends.triton.padding): no conversion instruction.
+    # The padding's B in x's dtype from its bits (swiglu_ops.backends.triton.padding): no conversion
+    # instruction.
     if DTYPE == tl.float32:
         b_pad = b_pad_bits.to(tl.float32, bitcast=True)
     else:
         b_pad = b_pad_bits.to(tl.int16).to(DTYPE, bitcast=True)
     if PAD_SELECT:
-        # The padding's values are not +0.0 (swiglu_ops.backends.triton.padding): they are selected away after the
-        # GLU, so the loads need no padding values, and the rows past the block's last one read copies of
-        # it (clamped, as with plain loads: never stored, the amax unchanged); the columns past N are
-        # masked, and those and a dead block's rows selected away.
+        # The padding's values are not +0.0 (swiglu_ops.backends.triton.padding): they are selected away
+        # after the GLU, so the loads need no padding values, and the rows past the block's last one read
+        # copies of it (clamped, as with plain loads: never stored, the amax unchanged); the columns past N
+        # are masked, and those and a dead block's rows selected away.
         xr, jb = tl.minimum(rl, last), ob * MX_BLOCK
         rows = tl.full([1, 1, 1, 1], 1, tl.int1)
         pad = None
