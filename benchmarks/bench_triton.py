@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 
 import torch
+from swiglu_ops.tolerances import unit_differences
 
 import swiglu_ops
-from swiglu_ops.tolerances import unit_differences
 
 # The contract's comparison rules (spec README section 3) live with the tests; the check reuses them.
 ROOT = Path(__file__).resolve().parent.parent
