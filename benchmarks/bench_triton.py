@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 
 import torch
-from swiglu_ops.tolerances import unit_differences
 
 import swiglu_ops
+from swiglu_ops.numerics.tolerances import unit_differences
 
 # The contract's comparison rules (spec README section 3) live with the tests; the check reuses them.
 ROOT = Path(__file__).resolve().parent.parent
@@ -517,7 +517,7 @@ def predict(op: str, grouped: bool, sass: dict, arch: int, hw: bool) -> dict:
 
 
 def run_bench(cases: list[dict], copy_ms: dict, sass: dict, arch: int) -> list[dict]:
-    from swiglu_ops import triton as tb
+    from swiglu_ops.backends import triton as tb
 
     rows = []
     for case in cases:
@@ -540,7 +540,7 @@ def run_bench(cases: list[dict], copy_ms: dict, sass: dict, arch: int) -> list[d
 
 # Launch-configuration variants; the first of each list is the shipped default (<= 20 variants in all: a
 # short lease). HW_CONVERSIONS selects the PTX conversion instructions (opt-in until measured here) instead
-# of the integer transcriptions. The attributes live in swiglu_ops.triton.
+# of the integer transcriptions. The attributes live in swiglu_ops.backends.triton.
 _GG = dict(GROUP_GRAD_ROWS=4, GROUP_GRAD_BLOCK_H=256, GROUP_GRAD_NUM_WARPS=4, GROUP_GRAD_PREFETCH=True)
 TUNE_GG = [
     {**_GG, "GROUP_GRAD_PREFETCH": prefetch, "HW_CONVERSIONS": hw}
@@ -561,7 +561,7 @@ TUNE_MX = [
 
 
 def run_tune(cases: list[dict], copy_ms: dict) -> list[dict]:
-    from swiglu_ops import triton as tb
+    from swiglu_ops.backends import triton as tb
 
     lists = ((TUNE_GG[:1], "gg"), (TUNE_MX[:1], "mx")) if SMOKE else ((TUNE_GG, "gg"), (TUNE_MX, "mx"))
     # every attribute any variant sets (a renamed attribute fails here, also in --smoke)
@@ -614,8 +614,8 @@ def _tune_variant(family: str, v: dict, cases: list[dict], copy_ms: dict, out: l
 
 def _reference_kernel_args(case: dict):
     """The arguments the public op passes to the reference backend's kernel function, recorded from one
-    eager call (the kernel contract of swiglu_ops._api, outputs preallocated)."""
-    from swiglu_ops import reference
+    eager call (the kernel contract of docs/design.md, outputs preallocated)."""
+    from swiglu_ops.backends import reference
 
     name = REF_KERNELS[case["op"]]
     original = getattr(reference, name)
@@ -692,7 +692,7 @@ def main(argv=None) -> int:
         print(sass_regex())
         return 0
     if args.smoke:
-        from swiglu_ops import triton as tb
+        from swiglu_ops.backends import triton as tb
 
         ready, why = tb.is_available("cpu")
         if not ready:

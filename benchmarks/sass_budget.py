@@ -298,7 +298,7 @@ def _dtype_bytes(dt: str) -> int:
 
 
 def _group_grad_unroll() -> int:
-    from swiglu_ops.triton import _kernels
+    from swiglu_ops.backends.triton import _kernels
 
     return int(getattr(_kernels.GROUP_GRAD_UNROLL, "value", _kernels.GROUP_GRAD_UNROLL))
 
