@@ -44,7 +44,7 @@ import torch
 
 from .numerics import mx
 from .numerics.glu import GluParams
-from .ops import registry
+from .ops import api, registry
 from .ops import validate as V
 from .ops.table import PUBLIC
 
@@ -191,9 +191,7 @@ def _prepare(case: Case, gen: torch.Generator):
 
 
 def _call(op: str, args, kwargs, backend: str, out=None):
-    import swiglu_ops
-
-    return getattr(swiglu_ops, _PUBLIC[op])(*args, **kwargs, backend=backend, out=out)
+    return getattr(api, _PUBLIC[op])(*args, **kwargs, backend=backend, out=out)
 
 
 def _reference(kernel: str):
