@@ -28,7 +28,7 @@ from ..numerics import mx
 from . import validate as V
 from .validate import COUNTS, ENDS
 
-__all__ = ["Param", "Output", "Plan", "OpDef", "OPERATORS", "PUBLIC", "REQUIRED"]
+__all__ = ["Param", "Output", "Plan", "OpDef", "OPERATORS", "PUBLIC", "REQUIRED", "EXAMPLE_CASES"]
 
 #: A parameter without a default.
 REQUIRED = object()
@@ -110,8 +110,8 @@ class OpDef:
     groups: str | None
     plan: Callable[..., Plan]
     doc: str
-    #: ``example(generator, dtype, device) -> arguments``: a small call with groups and awkward sizes, for
-    #: ``swiglu-ops verify``, the benchmark and the tests' operator matrix
+    #: ``example(generator, dtype, device, case=0) -> arguments``: small calls with groups and awkward
+    #: sizes (``EXAMPLE_CASES`` of them), for ``swiglu-ops verify`` and the tests' operator matrix
     example: Callable[..., dict] | None = None
     #: ``out=`` inside torch.compile: copied from the custom op's results (False: refused, for dtypes Inductor
     #: cannot copy: float8_e8m0fnu, float4_e2m1fn_x2)
@@ -152,47 +152,73 @@ def _zero_mxscale2(outs) -> None:
 # ------------------------------------------------------------------------------------- example calls
 
 
+#: How many example calls each row offers (``example(..., case=k)`` for ``k < EXAMPLE_CASES``): the usual
+#: shape with groups, a one-element one, and a rank-3 one with the other options (GPT-OSS, FP4, ...).
+EXAMPLE_CASES = 3
+_GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
+
+
 def _randn(gen, shape, dtype, device, scale=1.0):
     return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
 
 
-def _example_group_grad(gen, dtype, device):
-    rows, hidden = 70, 96
+def _example_group_grad(gen, dtype, device, case=0):
+    if case == 1:  # one row, H = 1, nothing optional
+        return dict(grad_y=_randn(gen, (1, 1), dtype, device), x=_randn(gen, (1, 2), dtype, device, 3.0))
+    lead, hidden = ((70,), 96) if case == 0 else ((2, 5), 33)
     return dict(
-        grad_y=_randn(gen, (rows, hidden), dtype, device),
-        x=_randn(gen, (rows, 2 * hidden), dtype, device, 3.0),
-        weight=torch.rand(rows, generator=gen).to(device),
-        y_origin=_randn(gen, (rows, hidden), dtype, device),
-        group_index=torch.tensor([40, 0, 25], device=device),  # counts: 65 valid rows
-        clamp_limit=7.0,
+        grad_y=_randn(gen, (*lead, hidden), dtype, device),
+        x=_randn(gen, (*lead, 2 * hidden), dtype, device, 3.0),
+        weight=torch.rand(lead, generator=gen).to(device),
+        y_origin=_randn(gen, (*lead, hidden), dtype, device),
+        group_index=torch.tensor([40, 0, 25] if case == 0 else [7], device=device),  # counts
+        clamp_limit=7.0 if case == 0 else float("inf"),
     )
 
 
-def _example_bwd_mx(gen, dtype, device):
-    m, c = 100, 128
+def _example_bwd_mx(gen, dtype, device, case=0):
+    shape, ends, extra = {
+        0: ((100, 128), [17, 17, 70, 100], {}),  # an empty group, groups not on 32-row blocks
+        1: ((1, 64), None, dict(dst_dtype=torch.float8_e5m2, scale_alg=0, activate_left=False)),
+        2: ((2, 33, 192), None, _GPT_OSS),
+    }[case]
     return dict(
-        x=_randn(gen, (m, c), dtype, device, 3.0),
-        y_grad=_randn(gen, (m, c // 2), dtype, device),
-        group_index=torch.tensor([17, 17, 70, m], device=device),  # ends; an empty group
+        x=_randn(gen, shape, dtype, device, 3.0),
+        y_grad=_randn(gen, (*shape[:-1], shape[-1] // 2), dtype, device),
+        group_index=None if ends is None else torch.tensor(ends, device=device),
+        **extra,
     )
 
 
-def _example_fwd_mx(gen, dtype, device):
-    m, c = 100, 2 * 80  # N = 80: a partial 32-column block
-    return dict(
-        x=_randn(gen, (m, c), dtype, device, 3.0), group_index=torch.tensor([33, 33, m], device=device)
-    )
+def _example_fwd_mx(gen, dtype, device, case=0):
+    shape, ends, extra = {
+        0: ((100, 160), [33, 33, 100], {}),  # N = 80: a partial 32-column block and a pad slot
+        1: ((1, 2), None, dict(dst_dtype=torch.float8_e5m2)),  # N = 1
+        2: ((2, 37, 140), None, dict(_GPT_OSS, dst_dtype=torch.float4_e2m1fn_x2, round_mode="floor")),
+    }[case]
+    ends = None if ends is None else torch.tensor(ends, device=device)
+    return dict(x=_randn(gen, shape, dtype, device, 3.0), group_index=ends, **extra)
 
 
-def _example_clipped(gen, dtype, device):
-    return dict(
-        x=_randn(gen, (3, 21, 2 * 40), dtype, device, 5.0), group_index=torch.tensor([50, 3], device=device)
-    )
+def _example_clipped(gen, dtype, device, case=0, *, grad=False):
+    shape, counts, extra = {
+        0: ((3, 21, 80), [50, 3], {}),  # counts: 53 of the 63 rows valid
+        1: ((2,), None, {}),  # rank 1: one row of one pair
+        2: ((5, 4, 6), [3], dict(dim=1, interleaved=False)),  # [pre, cut] = [5, 24], chunked
+    }[case]
+    if case == 2 and not grad:
+        extra = dict(extra, clamp_mode=1)
+    args = dict(x=_randn(gen, shape, dtype, device, 5.0), **extra)
+    args["group_index"] = None if counts is None else torch.tensor(counts, device=device)
+    if grad:
+        d = extra.get("dim", -1) % len(shape)
+        half = (*shape[:d], shape[d] // 2, *shape[d + 1 :])
+        args = dict(grad_y=_randn(gen, half, dtype, device), **args)
+    return args
 
 
-def _example_clipped_grad(gen, dtype, device):
-    args = _example_clipped(gen, dtype, device)
-    return dict(grad_y=_randn(gen, (3, 21, 40), dtype, device), **args)
+def _example_clipped_grad(gen, dtype, device, case=0):
+    return _example_clipped(gen, dtype, device, case, grad=True)
 
 
 # --------------------------------------------------------------------------------- swiglu_group_grad
