@@ -19,6 +19,9 @@
   operators).
 - :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp`: an MoE expert MLP (ragged expert groups) whose SwiGLU
   runs on the two dual-axis MX operators and whose GEMMs read MXFP8 (:mod:`swiglu_ops.expert_mlp`).
+- :class:`ExpertParallelMLP` / :func:`dispatch_tokens` / :func:`combine_tokens`: expert parallelism for it on
+  plain ``torch.distributed`` (``all_to_all_single``; ``docs/distributed.md``), bitwise equal to one process
+  in the order that :func:`single_process_order` gives.
 
 The operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``; every public function
 works inside ``torch.compile`` (``docs/integration.md``).
@@ -37,6 +40,7 @@ from ._api import (
     swiglu_group_grad,
     swiglu_mx_quant_dual_axis,
 )
+from .expert_parallel import ExpertParallelMLP, combine_tokens, dispatch_tokens, single_process_order
 from .groups import counts_to_ends, ends_to_counts
 from .mx import FLOAT4_E1M2FN_X2 as float4_e1m2fn_x2
 from .mx import mx_dequantize
@@ -73,5 +77,9 @@ __all__ = [
     "MXGradient",
     "MXFP8ExpertMLP",
     "mxfp8_expert_mlp",
+    "ExpertParallelMLP",
+    "dispatch_tokens",
+    "combine_tokens",
+    "single_process_order",
     "__version__",
 ]
