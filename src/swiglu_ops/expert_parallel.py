@@ -72,24 +72,34 @@ class DispatchPlan:
     group: dist.ProcessGroup | None = None
 
 
-def _all_to_all_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
-    """``all_to_all_single`` of the rows of ``x`` (``in_splits[j]`` rows to rank ``j``, ``out_splits[j]``
-    rows from rank ``j``), through a ``uint8`` view of the bytes (bit-exact for every dtype)."""
-    inner = math.prod(x.shape[1:])
-    send = x.contiguous().reshape(x.shape[0], inner).view(torch.uint8)
-    recv = send.new_empty(sum(out_splits), inner * x.element_size())
-    dist.all_to_all_single(recv, send, out_splits, in_splits, group=group)
-    return recv.view(x.dtype).reshape(recv.shape[0], *x.shape[1:])
+def _byte_rows(x: torch.Tensor) -> torch.Tensor:
+    """The rows of ``x [T, ...]`` as ``uint8 [T, bytes per row]``: the collectives and permutations below
+    work on bytes, so they copy every dtype bit for bit (FP8 and E8M0 included, which gloo and some CPU
+    index kernels do not take on torch 2.13)."""
+    return x.contiguous().reshape(x.shape[0], math.prod(x.shape[1:])).view(torch.uint8)
+
+
+def _from_byte_rows(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return b.view(like.dtype).reshape(b.shape[0], *like.shape[1:])
+
+
+def _all_to_all_rows(b: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+    """``all_to_all_single`` of byte rows (``in_splits[j]`` rows to rank ``j``, ``out_splits[j]`` rows from
+    rank ``j``)."""
+    recv = b.new_empty(sum(out_splits), b.shape[1])
+    dist.all_to_all_single(recv, b, out_splits, in_splits, group=group)
+    return recv
 
 
 def _dispatch(x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-    received = _all_to_all_rows(x, plan.recv_splits, plan.send_splits, plan.group)
-    return received.index_select(0, plan.order)
+    received = _all_to_all_rows(_byte_rows(x), plan.recv_splits, plan.send_splits, plan.group)
+    return _from_byte_rows(received.index_select(0, plan.order), x)
 
 
 def _combine(y: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-    received = torch.empty_like(y).index_copy_(0, plan.order, y)  # back to the order they came in
-    return _all_to_all_rows(received, plan.send_splits, plan.recv_splits, plan.group)
+    b = _byte_rows(y)
+    received = torch.empty_like(b).index_copy_(0, plan.order, b)  # back to the order they came in
+    return _from_byte_rows(_all_to_all_rows(received, plan.send_splits, plan.recv_splits, plan.group), y)
 
 
 class _Dispatch(torch.autograd.Function):
