@@ -199,6 +199,18 @@ def _ep_worker(rank: int, world: int) -> dict:
     checks["local ends"] = local_ends.tolist()
     back = swiglu_ops.combine_tokens(x_local, plan)
     checks["fp8 round trip"] = torch.equal(back.view(torch.uint8), x8.view(torch.uint8))
+
+    # bad arguments fail on every rank before any collective (nothing hangs)
+    x = batches[rank][0]
+    ends = swiglu_ops.counts_to_ends(counts)
+    with pytest.raises(ValueError, match="multiple of the world size"):
+        swiglu_ops.dispatch_tokens(x, ends[:3], 3)
+    with pytest.raises(ValueError, match="rise from 0"):
+        swiglu_ops.dispatch_tokens(x[1:], ends, E)
+    with pytest.raises(ValueError, match="one cumulative end per expert"):
+        swiglu_ops.dispatch_tokens(x, ends[:2], E)
+    with pytest.raises(ValueError, match="local experts"):
+        swiglu_ops.ExpertParallelMLP(swiglu_ops.MXFP8ExpertMLP(E, D, H), E)
     return checks
 
 
@@ -217,6 +229,12 @@ def test_expert_parallel_is_bitwise_one_process():
         assert checks["fp8 dispatch"] and checks["fp8 round trip"], rank
     assert results[1]["local rows"] == 0 and results[1]["local ends"] == [0, 0]  # rank 1 received nothing
     assert results[0]["local rows"] > 0
+
+
+def test_single_process_order_is_by_expert_then_rank():
+    # rank 0: expert 0 -> row 0, expert 1 -> rows 1, 2; rank 1: expert 0 -> rows 3, 4, 5
+    assert swiglu_ops.single_process_order(torch.tensor([[1, 2], [3, 0]])).tolist() == [0, 3, 4, 5, 1, 2]
+    assert swiglu_ops.single_process_order(torch.zeros(2, 3, dtype=torch.int64)).tolist() == []
 
 
 # --------------------------------------------------------------------------------------------- example

@@ -165,11 +165,11 @@ def dispatch_tokens(
     _check_ends(group_ends, num_experts)
     local = num_experts // world
     counts = ends_to_counts(group_ends.to(device=x.device, dtype=torch.int64)).view(world, local)
+    send_splits = counts.sum(1).tolist()
+    if sum(send_splits) != x.shape[0] or min(counts.min().item(), 0) < 0:  # before any collective
+        raise ValueError(f"group_ends must rise from 0 to x's {x.shape[0]} rows, got {group_ends.tolist()}")
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts.contiguous(), group=group)  # [source rank, local expert]
-    send_splits = counts.sum(1).tolist()
-    if sum(send_splits) != x.shape[0]:
-        raise ValueError(f"group_ends ends at {sum(send_splits)} but x has {x.shape[0]} rows")
     recv_splits = recv_counts.sum(1).tolist()
     expert_of_row = (
         torch.arange(local, device=x.device).repeat(world).repeat_interleave(recv_counts.flatten())
