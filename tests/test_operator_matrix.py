@@ -1,7 +1,7 @@
 """The operator matrix, from the table: every operator x every backend x {eager, compiled} x awkward shapes.
 
-Each row of ``swiglu_ops.ops.table`` offers ``EXAMPLE_CASES`` example calls: the usual shape with ragged groups
-(an empty one), a one-element call, and a rank-3 call with the other options (GPT-OSS's clipped SwiGLU,
+Each row of ``swiglu_ops.ops.table`` offers ``EXAMPLE_CASES`` example calls: the usual shape with ragged
+groups (an empty one), a one-element call, and a rank-3 call with the other options (GPT-OSS's clipped SwiGLU,
 E5M2, FP4 with ``round_mode="floor"``, ``dim=1``, clamp_mode 1, ...). In bf16, fp16 and fp32:
 
 - every backend's outputs against the reference backend's, every element, by the contract's rules

@@ -19,6 +19,9 @@
   operators).
 - :class:`MXFP8ExpertMLP` / :func:`mxfp8_expert_mlp`: an MoE expert MLP (ragged expert groups) whose SwiGLU
   runs on the two dual-axis MX operators and whose GEMMs read MXFP8 (:mod:`swiglu_ops.training.expert_mlp`).
+- :class:`ExpertParallelMLP` / :func:`dispatch_tokens` / :func:`combine_tokens`: expert parallelism for it on
+  plain ``torch.distributed`` (``all_to_all_single``; ``docs/distributed.md``), bitwise equal to one process
+  in the order that :func:`single_process_order` gives.
 
 The operators take ``backend=`` ("auto", "reference", "cpu", "triton") and ``out=``; every public function
 works inside ``torch.compile`` (``docs/integration.md``).
@@ -41,6 +44,7 @@ from .ops.api import (
 from .ops.groups import counts_to_ends, ends_to_counts
 from .ops.validate import GroupConventionWarning
 from .training import layouts
+from .training.expert_parallel import ExpertParallelMLP, combine_tokens, dispatch_tokens, single_process_order
 from .training.nn import (
     ClampedSwiGLU,
     ClippedSwiGLU,
@@ -77,5 +81,9 @@ __all__ = [
     "MXGradient",
     "MXFP8ExpertMLP",
     "mxfp8_expert_mlp",
+    "ExpertParallelMLP",
+    "dispatch_tokens",
+    "combine_tokens",
+    "single_process_order",
     "__version__",
 ]
