@@ -28,8 +28,9 @@ with their counts; under tensor parallelism w1/w3 are sharded on F and w2 on its
 is exact on its own columns and the down projection gives partial sums that torchtitan reduces. The module
 works on the local shards (``DTensor.to_local()``). An MXFP8 run needs whole 32-element blocks along F on
 every shard (the MX operators need ``2F % 64 == 0``): a TP sharding that splits a block raises ValueError. An
-unsharded F (or D) that is not a multiple of 32 (8) is zero-padded, which is exact (a zero gate and up give
-a zero activation; zero rows of w2 add nothing) and for MXFP8 is the MX rule of a short last block.
+unsharded F (and, in the bf16 recipe, any F per shard) that is not a multiple of 32 is zero-padded to one,
+which is exact (a zero gate and up give a zero activation; zero rows of w2 add nothing) and for MXFP8 is the
+MX rule of a short last block. D must be a multiple of 8 (as torchtitan's grouped GEMMs need).
 
 The converter replaces ``GroupedExperts.Config`` itself, never a subclass (GPT-OSS's ``GptOssGroupedExperts``
 has biases and a clipped SwiGLU of its own)::
@@ -116,22 +117,18 @@ class FusedGroupedExperts(GroupedExperts):
             raise ValueError(
                 f"num_tokens_per_expert_E has {num_tokens_per_expert_E.numel()} counts for {e} local experts"
             )
-        # zero padding to the operators' sizes: exact (see the module docstring)
-        pf, pd = -f % _MX_BLOCK, -d % 8
         x = x_RD.bfloat16()
         gate = w1.bfloat16().transpose(-2, -1)  # [e, D, F]
         up = w3.bfloat16().transpose(-2, -1)
         down = w2.bfloat16().transpose(-2, -1)  # [e, F, D]
-        if pf or pd:
-            gate, up = F.pad(gate, (0, pf, 0, pd)), F.pad(up, (0, pf, 0, pd))
-            down, x = F.pad(down, (0, pd, 0, pf)), F.pad(x, (0, pd))
+        pf = -f % _MX_BLOCK
+        if pf:  # zero padding to whole MX blocks: exact (module docstring)
+            gate, up, down = F.pad(gate, (0, pf)), F.pad(up, (0, pf)), F.pad(down, (0, 0, 0, pf))
         w13 = torch.cat([gate, up], dim=-1)  # [e, D, 2F]: gate | up
         ends = torch.cumsum(num_tokens_per_expert_E, dim=0).to(torch.int64)
         out = swiglu_ops.mxfp8_expert_mlp(
             x, w13, down, ends, quantize=self.recipe == "mxfp8", backend=self.backend, gemm=self.gemm
         )
-        if pd:
-            out = out[:, :d]
         return out.type_as(x_RD)
 
     def extra_repr(self) -> str:
