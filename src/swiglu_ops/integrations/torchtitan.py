@@ -117,17 +117,23 @@ class FusedGroupedExperts(GroupedExperts):
             raise ValueError(
                 f"num_tokens_per_expert_E has {num_tokens_per_expert_E.numel()} counts for {e} local experts"
             )
-        x = x_RD.bfloat16()
-        gate = w1.bfloat16().transpose(-2, -1)  # [e, D, F]
-        up = w3.bfloat16().transpose(-2, -1)
-        down = w2.bfloat16().transpose(-2, -1)  # [e, F, D]
+        w1, w2, w3 = w1.bfloat16(), w2.bfloat16(), w3.bfloat16()
         pf = -f % _MX_BLOCK
         if pf:  # zero padding to whole MX blocks: exact (module docstring)
-            gate, up, down = F.pad(gate, (0, pf)), F.pad(up, (0, pf)), F.pad(down, (0, 0, 0, pf))
-        w13 = torch.cat([gate, up], dim=-1)  # [e, D, 2F]: gate | up
+            w1, w3, w2 = F.pad(w1, (0, 0, 0, pf)), F.pad(w3, (0, 0, 0, pf)), F.pad(w2, (0, pf))
+        # gate | up as [e, D, 2F] and the down projection as [e, F, D]: transposed views of [e, 2F, D] and
+        # [e, D, F], the column-major B operands torchtitan's own grouped GEMMs read
+        w13 = torch.cat([w1, w3], dim=1).transpose(-2, -1)
+        down = w2.transpose(-2, -1)
         ends = torch.cumsum(num_tokens_per_expert_E, dim=0).to(torch.int64)
         out = swiglu_ops.mxfp8_expert_mlp(
-            x, w13, down, ends, quantize=self.recipe == "mxfp8", backend=self.backend, gemm=self.gemm
+            x_RD.bfloat16(),
+            w13,
+            down,
+            ends,
+            quantize=self.recipe == "mxfp8",
+            backend=self.backend,
+            gemm=self.gemm,
         )
         return out.type_as(x_RD)
 
