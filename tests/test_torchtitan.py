@@ -157,7 +157,7 @@ def test_mxfp8_rejects_a_shard_that_splits_a_block():
 E, D, K, B, L = 4, 64, 2, 2, 6
 
 
-def _moe_config(recipe, *, hidden, enable_ep):
+def _moe_config(recipe, *, hidden, enable_ep, enable_sp=False):
     import spmd_types as spmd
     from torchtitan.models.common.config_utils import (
         make_moe_config,
@@ -179,7 +179,7 @@ def _moe_config(recipe, *, hidden, enable_ep):
     set_moe_sharding_config(  # as qwen3 / deepseek_v3 do for their GroupedExperts
         cfg,
         enable_ep=enable_ep,
-        enable_sp=False,
+        enable_sp=enable_sp,
         expert_param_layout={"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2), "w3_EFD": spmd.S(1)},
     )
     return cfg
@@ -198,8 +198,8 @@ def _build(cfg):
 def _step(moe, x, gout):
     x = x.clone().requires_grad_()
     out = moe(x)
-    if hasattr(out, "full_tensor"):  # TP: a replicated DTensor
-        out = out.full_tensor()
+    if hasattr(out, "full_tensor"):  # TP: a replicated DTensor; with SP, this rank's part of the sequences
+        out = out.to_local()
     (out.float() * gout).sum().backward()
     experts = moe.routed_experts.inner_experts
     assert isinstance(experts, FusedGroupedExperts)
@@ -245,6 +245,11 @@ def _worker(rank, world_size):
         moe.parallelize(_parallel_dims(world_size, ep=1, tp=world_size))
         assert moe.routed_experts.inner_experts.w1_EFD.to_local().shape[1] == 128 // world_size
         results[recipe, "tp"] = _step(moe, x_all, gout_all)
+        # EP=2 on the TP axis with sequence parallelism: each rank holds half of every sequence of x_all
+        moe = _build(_moe_config(recipe, hidden=128, enable_ep=True, enable_sp=True))
+        moe.parallelize(_parallel_dims(world_size, ep=world_size, tp=world_size))
+        seq = slice(rank * L // world_size, (rank + 1) * L // world_size)
+        results[recipe, "ep_sp"] = _step(moe, x_all[:, seq], gout_all[:, seq])
 
     # F = 96: 48 per shard splits an MX block (rejected); the bf16 recipe pads each shard to 64 (exact)
     results["bf16", "ref96"] = _step(_build(_moe_config("bf16", hidden=96, enable_ep=False)), x_all, gout_all)
@@ -282,6 +287,24 @@ def test_expert_parallel_matches_ep1(distributed, recipe):
         torch.testing.assert_close(ep["dx"], ref["dx"][tokens], rtol=0, atol=0)
         for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
             torch.testing.assert_close(ep[name], ref[name][local], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow(seconds=30)
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
+def test_expert_parallel_on_the_sequence_parallel_tp_axis(distributed, recipe):
+    """EP=2 on the TP axis (torchtitan's EP with TP: tokens sequence-sharded): every token's output and input
+    gradient bitwise; an expert now sees its tokens in another order (sequence halves first), so its weight
+    gradient accumulates in another order: within a few bf16 ulps (here every expert has fewer than 32
+    tokens: one MX block, the same members)."""
+    for rank, res in enumerate(distributed):
+        ref, ep = res[recipe, "ref"], res[recipe, "ep_sp"]
+        seq = (slice(None), slice(rank * L // 2, (rank + 1) * L // 2))
+        local = slice(rank * E // 2, (rank + 1) * E // 2)
+        torch.testing.assert_close(ep["out"], ref["out"][seq], rtol=0, atol=0)
+        torch.testing.assert_close(ep["dx"], ref["dx"][seq], rtol=0, atol=0)
+        for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+            want = ref[name][local]
+            torch.testing.assert_close(ep[name], want, rtol=0, atol=_partial_sum_tol(want), msg=name)
 
 
 def _check_tp(ref, tp, rank, hidden):
