@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.tools.logging import logger
 
 import swiglu_ops
 
@@ -182,4 +183,8 @@ class FusedExpertsConverter(QuantizationConverter):
                 setattr(parent, attr, new)
             converted += 1
         self.converted = converted
+        logger.info(
+            f"Converted {converted} GroupedExperts to swiglu_ops FusedGroupedExperts "
+            f"(recipe={self.config.recipe!r}, backend={self.config.backend!r}, gemm={self.config.gemm!r})"
+        )
         return model_config
