@@ -15,8 +15,8 @@ and sharding config: checkpoints load either way) and computes the same function
 
 - ``recipe="bf16"``: ``mxfp8_expert_mlp(..., quantize=False)``: one gate|up grouped GEMM, the SwiGLU and its
   gradient evaluated in fp32 and rounded once to bf16 (the stage 1 of the fused MX operators, without
-  quantisation), bf16 GEMMs with fp32 accumulation. No MX kernel runs in this recipe; its rounding is never
-  worse than torchtitan's (one rounding of the activation instead of three).
+  quantisation), bf16 GEMMs with fp32 accumulation. No MX kernel runs in this recipe; one rounding of the
+  activation instead of torchtitan's three (measured error no larger than torchtitan's: docs/integration.md).
 - ``recipe="mxfp8"``: ``mxfp8_expert_mlp(..., quantize=True)``: the forward activation is quantised by the
   fused :func:`swiglu_ops.swiglu_mx_quant_dual_axis` and the SwiGLU gradient by the fused
   :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis` (``backend=``: "auto", "cpu", "triton",
@@ -30,7 +30,9 @@ works on the local shards (``DTensor.to_local()``). An MXFP8 run needs whole 32-
 every shard (the MX operators need ``2F % 64 == 0``): a TP sharding that splits a block raises ValueError. An
 unsharded F (and, in the bf16 recipe, any F per shard) that is not a multiple of 32 is zero-padded to one,
 which is exact (a zero gate and up give a zero activation; zero rows of w2 add nothing) and for MXFP8 is the
-MX rule of a short last block. D must be a multiple of 8 (as torchtitan's grouped GEMMs need).
+MX rule of a short last block. D must be a multiple of 8 (as torchtitan's grouped GEMMs need). The token
+counts must sum to the number of rows, as torchtitan's standard dispatchers give them (not the padded groups
+of its ``TorchAOTokenDispatcher``).
 
 The converter replaces ``GroupedExperts.Config`` itself, never a subclass (GPT-OSS's ``GptOssGroupedExperts``
 has biases and a clipped SwiGLU of its own)::
