@@ -139,6 +139,19 @@ def test_matches_torchtitan_grouped_experts(recipe, dtype, dim, hidden):
             assert err < 0.08, (name, err, err_tt)
 
 
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
+def test_no_tokens(recipe):
+    """An EP rank can receive no tokens at all: an empty output and exactly zero weight gradients."""
+    m = FusedGroupedExperts(FusedGroupedExperts.Config(dim=64, hidden_dim=64, num_experts=2, recipe=recipe))
+    for p in m.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.zeros(0, 64, requires_grad=True)
+    out = m(x, torch.tensor([0, 0]))
+    out.sum().backward()
+    assert out.shape == (0, 64) and x.grad.shape == (0, 64)
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in m.parameters())
+
+
 def test_mxfp8_rejects_a_shard_that_splits_a_block():
     """What the TP test below checks under a real sharding: local F = 48 of a global F = 96."""
     m = FusedGroupedExperts(FusedGroupedExperts.Config(dim=64, hidden_dim=96, num_experts=2, recipe="mxfp8"))
