@@ -147,20 +147,19 @@ _CPU_GROUPED_MM = _GROUPED_MM is not None and _torch_version() >= (2, 9)  # no C
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``a [S, K]`` rows of group g times ``b[g]`` (``b [E, K, N]``), ``offs`` int32 group ends: the GEMM
-    transformers' ``grouped_mm`` path runs (``torch.nn.functional.grouped_mm``, else ``torch._grouped_mm``),
-    a per-expert loop where PyTorch has no such kernel."""
+    transformers' ``grouped_mm`` path runs, chosen by its rules: ``torch.nn.functional.grouped_mm`` (else
+    ``torch._grouped_mm``), and transformers' own custom op ``transformers::grouped_mm_fallback`` (a
+    per-expert loop, opaque to torch.compile, with autograd) where that kernel cannot run: no CPU kernel
+    (torch < 2.9), CPU operands not 16-byte aligned (torch <= 2.10), or non-bf16 operands while compiling
+    (the kernel's fake implementation takes bf16 only)."""
     a = a.to(b.dtype)
-    usable = _GROUPED_MM is not None and (
-        b.device.type != "cpu"
-        or (_CPU_GROUPED_MM and (_torch_version() > (2, 10) or (a.data_ptr() | b.data_ptr()) % 16 == 0))
-    )
+    usable = _GROUPED_MM is not None and not (torch.compiler.is_compiling() and b.dtype != torch.bfloat16)
+    if usable and b.device.type == "cpu":
+        aligned = _torch_version() > (2, 10) or (a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+        usable = _CPU_GROUPED_MM and aligned
     if usable:
         return _GROUPED_MM(a, b, offs=offs)
-    parts, start = [], 0
-    for g, end in enumerate(offs.tolist()):  # one host read of the ends
-        parts.append(a[start:end] @ b[g])
-        start = end
-    return torch.cat([a.new_empty(0, b.shape[-1]), *parts])
+    return torch.ops.transformers.grouped_mm_fallback(a, b, offs=offs)
 
 
 def _weights(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
