@@ -243,7 +243,9 @@ def mxfp8_experts_forward(
     glu = _glu_params(self)
     w1, w2 = _weights(self)
     b1, b2 = _biases(self)
-    tensors = dict(hidden_states=hidden_states, gate_up_proj=w1, down_proj=w2, gate_up_proj_bias=b1)
+    tensors = dict(
+        hidden_states=hidden_states, gate_up_proj=w1, down_proj=w2, gate_up_proj_bias=b1, down_proj_bias=b2
+    )
     wrong = {n: t.dtype for n, t in tensors.items() if t is not None and t.dtype != torch.bfloat16}
     if wrong:
         raise NotImplementedError(
