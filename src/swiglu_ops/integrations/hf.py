@@ -29,12 +29,13 @@ Usage::
     model.set_experts_implementation("swiglu_ops_mxfp8")  # and back: "grouped_mm", "eager", ...
 
 Which activation a model computes is read from the module (``GptOssExperts``' ``alpha`` / ``limit``;
-``is_concatenated``) and then **checked**: on its first call each expert module runs its own ``_apply_gate``
-on an fp32 probe (values on both sides of the clamp) and compares the fused operator's result with it;
-another activation (e.g. ``hidden_act="gelu"``) is refused with a ``NotImplementedError``, as are experts
-without a gate, expert parallelism and, for the MXFP8 path, dtypes other than bf16 and sizes the MX
-blocks do not divide. The fused kernels' backend is :data:`BACKEND` (``"auto"``), or per module the
-attribute ``_swiglu_ops_backend`` (which :func:`swiglu_ops.integrations.patch_gpt_oss` also sets).
+``is_concatenated``) and then **checked**: on its first call (and after its parameters change) each
+expert module runs its class's own ``_apply_gate`` on an fp32 probe (values on both sides of the clamp)
+and compares the fused operator's result with it; another activation (e.g. ``hidden_act="gelu"``) is
+refused with a ``NotImplementedError``, as are experts without a gate, expert parallelism and, for the
+MXFP8 path, dtypes other than bf16 and sizes the MX blocks do not divide. The fused kernels' backend is
+:data:`BACKEND` (``"auto"``), or per module the attribute ``_swiglu_ops_backend`` (which
+:func:`swiglu_ops.integrations.patch_gpt_oss` also sets).
 
 Only the public ``swiglu_ops`` API is used here; transformers is imported when this module is.
 """
@@ -72,11 +73,9 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _glu_params(module: torch.nn.Module) -> dict:
-    """``clipped_swiglu`` keyword arguments for the module's gated activation, checked once on a probe
-    against the module class's own ``_apply_gate`` (cached on the module)."""
-    cached = module.__dict__.get(_GLU)
-    if cached is not None:
-        return cached
+    """``clipped_swiglu`` keyword arguments for the module's gated activation, read from the module at every
+    call and checked on a probe against the module class's own ``_apply_gate`` whenever they differ from
+    the last checked ones (kept on the module)."""
     name = type(module).__name__
     if not getattr(module, "has_gate", True):
         raise NotImplementedError(
@@ -93,7 +92,7 @@ def _glu_params(module: torch.nn.Module) -> dict:
         params = dict(alpha=float(module.alpha), limit=float(module.limit), bias=1.0, interleaved=interleaved)
     else:  # silu(gate) * up
         params = dict(alpha=1.0, limit=math.inf, bias=0.0, interleaved=interleaved)
-    if _check_activation(module, params):
+    if module.__dict__.get(_GLU) != params and _check_activation(module, params):
         module.__dict__[_GLU] = params
     return params
 
