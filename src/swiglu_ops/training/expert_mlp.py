@@ -319,13 +319,31 @@ def _fused_backward(h, dact, ends, glu_kwargs, backend):
     return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, backend=backend)
 
 
+def _row_experts(ends: torch.Tensor, m: int) -> torch.Tensor:
+    """The expert of every row (int64 ``[m]``), without host synchronisation."""
+    rows = torch.arange(m, device=ends.device)
+    return torch.searchsorted(ends.to(torch.int64), rows, right=True).clamp(max=ends.numel() - 1)
+
+
+def _group_sums(v: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Per-expert column sums of ``v [T, N]`` in fp32, rounded once to bf16: the gradient of a per-expert
+    bias (``index_add_``: exact order on CPU; atomics on CUDA)."""
+    out = torch.zeros(num_experts, v.shape[1], dtype=torch.float32, device=v.device)
+    return out.index_add_(0, experts, v.float()).to(_BF16)
+
+
 class _ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, w2, ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture):
+    def forward(
+        ctx, x, w1, w2, ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture, b1, b2
+    ):
         glu_kwargs = dict(limit=limit, alpha=alpha, bias=bias, interleaved=interleaved)
         offs = ends.to(torch.int32)
         path = _resolve_gemm(gemm, x, ends) if quantize else "bf16"
         h = _grouped_mm(x, w1, offs)  # GEMM 1, bf16
+        experts = _row_experts(ends, x.shape[0]) if b1 is not None or b2 is not None else None
+        if b1 is not None:  # the linear bias of GEMM 1, added to its bf16 result (HF's grouped_mm does that)
+            h = h + b1[experts]
         if quantize:
             act = api.swiglu_mx_quant_dual_axis(h, ends, **glu_kwargs, backend=backend)
             w2q = quantize_mx_rowwise(w2.transpose(-2, -1))  # [E, d, H]: blocks along H
@@ -338,7 +356,9 @@ class _ExpertMLPFunction(torch.autograd.Function):
             act = glu_math.forward_rounded(h, glu)
             out = _grouped_mm(act, w2, offs)
             saved = (act,)
-        ctx.save_for_backward(x, w1, w2, ends, h, *saved)
+        if b2 is not None:
+            out = out + b2[experts]
+        ctx.save_for_backward(x, w1, w2, ends, h, experts, *saved)
         ctx.glu_kwargs, ctx.quantize, ctx.backend, ctx.path = glu_kwargs, quantize, backend, path
         ctx.capture = capture
         return out
@@ -346,22 +366,26 @@ class _ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        x, w1, w2, ends, h, *saved = ctx.saved_tensors
+        x, w1, w2, ends, h, experts, *saved = ctx.saved_tensors
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
+        need_b1, need_b2 = ctx.needs_input_grad[12:]
         dout = dout.to(_BF16).contiguous()
         offs = ends.to(torch.int32)
-        dx = dw1 = dw2 = None
+        dx = dw1 = dw2 = db1 = None
+        # b2's gradient: the per-expert sum of the bf16 dout (the unquantised operand, as in GEMM 3)
+        db2 = _group_sums(dout, experts, w1.shape[0]) if need_b2 else None
         if not ctx.quantize:
             (act,) = saved
             glu = V.mx_glu_params(True, **ctx.glu_kwargs)
             if need_w2:
                 dw2 = _grouped_mm(act.t(), dout, offs)
-            if need_x or need_w1:
+            if need_x or need_w1 or need_b1:
                 dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)
                 dh = glu_math.backward_rounded(h, dact, glu)
                 dx = _grouped_mm(dh, w1.transpose(-2, -1), offs) if need_x else None
                 dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
-            return dx, dw1, dw2, *([None] * 9)
+                db1 = _group_sums(dh, experts, w1.shape[0]) if need_b1 else None
+            return dx, dw1, dw2, *([None] * 9), db1, db2
 
         path, capture = ctx.path, ctx.capture
         blocks = _token_blocks(ends, x.shape[0])
@@ -370,7 +394,7 @@ class _ExpertMLPFunction(torch.autograd.Function):
             dw2 = _mm_tokens(path, tuple(saved), doutq, ends, offs, blocks)  # GEMM 4
             if capture is not None:
                 capture.update(doutq=doutq)
-        if need_x or need_w1:
+        if need_x or need_w1 or need_b1:
             dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)  # GEMM 3, bf16
             dh = _fused_backward(h, dact, ends, ctx.glu_kwargs, ctx.backend)
             if capture is not None:
@@ -385,13 +409,17 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 dw1 = _mm_tokens(path, xq, dh[2:], ends, offs, blocks)  # GEMM 6
                 if capture is not None:
                     capture.update(xq=xq)
+            if need_b1:  # b1 is W1's row for a constant-1 input: its gradient reads dh's wgrad operand y2
+                db1 = _group_sums(_dequantize_token_axis(dh[2], dh[3], blocks, ends), experts, w1.shape[0])
         if capture is not None:
-            capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2)
-        return dx, dw1, dw2, *([None] * 9)
+            capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2, db1=db1, db2=db2)
+        return dx, dw1, dw2, *([None] * 9), db1, db2
 
 
-def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm) -> None:
-    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2) -> None:
+    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2)):
+        if t is None and name in ("b1", "b2"):
+            continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != _BF16:
@@ -407,6 +435,9 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
             f"w1 [E, d, 2H] = {tuple(w1.shape)} needs x [T, {d}] and w2 [{e}, {two_h // 2}, {d}]; got "
             f"{tuple(x.shape)} and {tuple(w2.shape)}"
         )
+    for name, t, shape in (("b1", b1, (e, two_h)), ("b2", b2, (e, d))):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (one row per expert), got {tuple(t.shape)}")
     if two_h % 64 != 0 or d % 8 != 0:
         raise ValueError(f"2H must be a multiple of 64 and d of 8, got 2H = {two_h}, d = {d}")
     if not isinstance(group_ends, torch.Tensor) or group_ends.dtype not in (torch.int64, torch.int32):
@@ -417,6 +448,7 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
             f"{tuple(group_ends.shape)}"
         )
     V.check_device(x, w1=w1, w2=w2, group_ends=group_ends)
+    V.check_device(x, **{n: t for n, t in (("b1", b1), ("b2", b2)) if t is not None})
     V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
     V.mx_glu_params(True, interleaved, limit, alpha, bias)
     if not isinstance(quantize, bool):
@@ -439,8 +471,10 @@ def mxfp8_expert_mlp(
     backend="auto",
     gemm="auto",
     capture: dict | None = None,
+    b1=None,
+    b2=None,
 ):
-    """``SwiGLU(x @ w1[e]) @ w2[e]`` per expert, with the MXFP8 GEMMs of the module docstring.
+    """``SwiGLU(x @ w1[e] + b1[e]) @ w2[e] + b2[e]`` per expert, with the MXFP8 GEMMs of the module docstring.
 
     Args:
         x: ``[T, d]`` bf16, the tokens sorted by expert.
@@ -456,14 +490,22 @@ def mxfp8_expert_mlp(
         backend: backend of the fused operators ("auto", "reference", "cpu", "triton").
         gemm: "auto", "emulated", "scaled_grouped_mm" or "scaled_mm" (module docstring).
         capture: a dict to receive the intermediate tensors (``h``, ``act``, ``w2q``, ``dact``, ``dh``,
-            ``w1q``, ``xq``, ``doutq``, ``dout``, ``dx``, ``dw1``, ``dw2``, ``gemm``); eager mode only.
+            ``w1q``, ``xq``, ``doutq``, ``dout``, ``dx``, ``dw1``, ``dw2``, ``db1``, ``db2``, ``gemm``); eager
+            mode only.
+        b1, b2: optional per-expert linear biases (GPT-OSS's ``gate_up_proj_bias`` / ``down_proj_bias``),
+            ``[E, 2H]`` and ``[E, d]`` bf16 (b1 in w1's column order), each added to its GEMM's bf16 result
+            and rounded (as Hugging Face's ``grouped_mm`` does). Gradients: per-expert sums in fp32, rounded
+            once to bf16, of ``dout`` (bf16, unquantised) for b2 and of ``dh`` for b1; with
+            ``quantize=True`` ``dh`` exists only quantised, and b1 (W1's row for a constant-1 input) reads
+            the wgrad operand of GEMM 6, ``dh``'s token-axis MXFP8 ``y2``, dequantised.
 
     Returns:
-        ``[T, d]`` bf16. Differentiable with respect to x, w1 and w2 (never group_ends); no double backward.
+        ``[T, d]`` bf16. Differentiable with respect to x, w1, w2, b1 and b2 (never group_ends); no double
+        backward.
     """
-    _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm)
+    _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2)
     return _ExpertMLPFunction.apply(
-        x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture
+        x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture, b1, b2
     )
 
 

@@ -1,0 +1,288 @@
+"""The transformers experts implementations ``"swiglu_ops"`` and ``"swiglu_ops_mxfp8"``
+(:mod:`swiglu_ops.integrations.hf`) on tiny, randomly initialised GPT-OSS and Qwen3-MoE models (no hub):
+
+- fp32 training step (loss, logits, every parameter gradient) of ``"swiglu_ops"`` against transformers' own
+  ``"grouped_mm"``, through ``from_pretrained(..., experts_implementation=...)``;
+- ``set_experts_implementation`` back and forth (bit-equal results when back on ``"grouped_mm"``);
+- ``"swiglu_ops_mxfp8"`` training a few bf16 steps: finite gradients for every parameter, decreasing loss;
+- clear errors for what the implementations do not compute; ``import swiglu_ops`` without transformers.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    GptOssConfig,
+    GptOssForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # noqa: E402
+
+import swiglu_ops  # noqa: E402
+import swiglu_ops.integrations.hf as hf  # noqa: E402
+
+VOCAB = 64
+INPUT_IDS = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def gpt_oss(experts_implementation="grouped_mm", **over):
+    """2 layers, hidden 64, 4 experts of intermediate 32 (2I = 64: MX blocks fit). The expert weights are
+    scaled up so that gates beyond the limit 7 and up values beyond +-7 occur (HF's 0.02 init never
+    reaches the clamp; checked in test_gpt_oss_clamps_are_exercised)."""
+    torch.manual_seed(0)
+    config = GptOssConfig(**{
+        **dict(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+            num_experts_per_tok=2, max_position_embeddings=64, sliding_window=8,
+            rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        ),
+        **over,
+        "experts_implementation": experts_implementation,
+    })  # fmt: skip
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            experts = layer.mlp.experts
+            experts.gate_up_proj.normal_(0.0, 1.0)
+            experts.gate_up_proj_bias.normal_(0.0, 1.0)
+            experts.down_proj.normal_(0.0, 0.1)
+            experts.down_proj_bias.normal_(0.0, 0.1)
+            layer.mlp.router.weight.normal_(0.0, 0.5)
+    return model.train()
+
+
+def qwen3_moe(experts_implementation="grouped_mm", **over):
+    """2 layers, hidden 64, 8 experts of intermediate 32, top-2; plain SwiGLU ``silu(gate) * up``."""
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(**{
+        **dict(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+            num_experts_per_tok=2, max_position_embeddings=64,
+        ),
+        **over,
+        "experts_implementation": experts_implementation,
+    })  # fmt: skip
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.normal_(0.0, 0.5)
+            layer.mlp.experts.down_proj.normal_(0.0, 0.2)
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
+    return model.train()
+
+
+MODELS = {"gpt_oss": gpt_oss, "qwen3_moe": qwen3_moe}
+
+
+def training_step(model):
+    """(loss, logits, {name: grad}) of one forward + backward on INPUT_IDS."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=INPUT_IDS, labels=INPUT_IDS)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach(), out.logits.detach(), grads
+
+
+def as_list(step):
+    loss, logits, grads = step
+    return [("loss", loss), ("logits", logits)] + sorted(grads.items())
+
+
+def assert_fp32_parity(got, expected):
+    """Elementwise ``|got - expected| <= 1e-5 |expected| + atol``. The activation differs from HF's by a few
+    fp32 ulp (clipped_swiglu rounds once), and through two layers the differences stay at fp32 rounding of
+    each tensor's scale (measured max |got - expected| <= 5.3e-7 of the tensor's largest magnitude). rtol
+    alone cannot hold for elements that are sums cancelling to near 0 (gradients summing terms of both
+    signs over tokens): their absolute error is set by the summed terms, not by the result (measured up to
+    2e-4 relative on elements above 1e-3 of the largest). atol covers those: 1e-6 of the tensor's largest
+    magnitude (about 8 fp32 ulp of it; the largest atol any element needs at rtol 1e-5 measured 3.4e-7
+    of it), per tensor because the gradients' scales span 1e-6 to 1."""
+    assert [n for n, _ in as_list(got)] == [n for n, _ in as_list(expected)]
+    for (name, g), (_, e) in zip(as_list(got), as_list(expected), strict=True):
+        atol = 1e-6 * float(e.abs().max())
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """Records the calls of public swiglu_ops functions that the implementations make (they look them up on
+    the package at call time), with grad enabled, and the grad_fn of each result."""
+    calls = {}
+
+    def wrap(name):
+        original = getattr(swiglu_ops, name)
+
+        def counting(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if torch.is_grad_enabled():  # not the activation check's probe (hf._check_activation)
+                calls.setdefault(name, []).append(type(out.grad_fn).__name__ if out.grad_fn else None)
+            return out
+
+        monkeypatch.setattr(swiglu_ops, name, counting)
+
+    for name in ("clipped_swiglu", "mxfp8_expert_mlp"):
+        wrap(name)
+    return calls
+
+
+def test_registered_and_lazily_exported():
+    assert {"swiglu_ops", "swiglu_ops_mxfp8"} <= set(ALL_EXPERTS_FUNCTIONS)
+    assert ALL_EXPERTS_FUNCTIONS["swiglu_ops"] is hf.swiglu_ops_experts_forward
+    assert swiglu_ops.integrations.hf is hf
+    hf.register()  # idempotent
+    assert ALL_EXPERTS_FUNCTIONS["swiglu_ops_mxfp8"] is hf.mxfp8_experts_forward
+
+
+def test_import_swiglu_ops_does_not_import_transformers():
+    src = str(Path(swiglu_ops.__file__).parents[1])
+    code = (
+        "import sys, swiglu_ops; assert swiglu_ops.__file__.startswith(sys.argv[1]), swiglu_ops.__file__; "
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'transformers']; assert not bad, bad[:5]; "
+        "swiglu_ops.integrations.hf; assert 'transformers' in sys.modules"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-c", code, src], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_gpt_oss_clamps_are_exercised():
+    """The GPT-OSS parity test only means something if both clamps act: recorded from HF's activation."""
+    model = gpt_oss()
+    h = []
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        original = type(experts)._apply_gate
+        experts._apply_gate = lambda gu, e=experts, f=original: (h.append(gu.detach()), f(e, gu))[1]
+    training_step(model)
+    gate_up = torch.cat(h)
+    assert float((gate_up[:, 0::2] > 7).float().mean()) > 0.05
+    assert float((gate_up[:, 1::2].abs() > 7).float().mean()) > 0.05
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_fp32_training_step_matches_grouped_mm(family, tmp_path, count_calls):
+    """from_pretrained(..., experts_implementation="swiglu_ops") vs transformers' "grouped_mm", same weights:
+    loss, logits and every parameter gradient (assert_fp32_parity); the fused activation ran with its
+    fused backward in every expert layer."""
+    MODELS[family]().save_pretrained(tmp_path)
+    cls = type(MODELS[family]())
+    expected = training_step(cls.from_pretrained(tmp_path, experts_implementation="grouped_mm").train())
+    model = cls.from_pretrained(tmp_path, experts_implementation="swiglu_ops").train()
+    assert model.config._experts_implementation == "swiglu_ops"
+    got = training_step(model)
+    assert count_calls["clipped_swiglu"] == ["ClippedSwigluFunctionBackward"] * 2
+    assert len(got[2]) == len(list(model.parameters()))
+    assert_fp32_parity(got, expected)
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_set_experts_implementation_back_and_forth(family, count_calls):
+    model = MODELS[family]()
+    first = training_step(model)
+    model.set_experts_implementation("swiglu_ops")
+    fused = training_step(model)
+    assert len(count_calls.pop("clipped_swiglu")) == 2
+    assert_fp32_parity(fused, first)
+    model.set_experts_implementation("grouped_mm")
+    again = training_step(model)
+    assert not count_calls
+    for (name, a), (_, b) in zip(as_list(again), as_list(first), strict=True):
+        assert torch.equal(a, b), name
+    model.set_experts_implementation("swiglu_ops")
+    assert_fp32_parity(training_step(model), first)
+    model.to(torch.bfloat16).set_experts_implementation("swiglu_ops_mxfp8")
+    assert model.config._experts_implementation == "swiglu_ops_mxfp8"
+    training_step(model)
+    assert len(count_calls["mxfp8_expert_mlp"]) == 2
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_bf16_swiglu_ops_close_to_grouped_mm(family):
+    """bf16: the fused activation rounds once where eager bf16 rounds every op, so the two differ by bf16
+    rounding; the loss within 1 %."""
+    model = MODELS[family]().to(torch.bfloat16)
+    expected = training_step(model)
+    model.set_experts_implementation("swiglu_ops")
+    got = training_step(model)
+    assert all(bool(g.isfinite().all()) for g in got[2].values())
+    assert abs(float(got[0]) - float(expected[0])) <= 0.01 * float(expected[0])
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_mxfp8_trains_in_bf16(family, count_calls):
+    """ "swiglu_ops_mxfp8": every parameter gets a finite gradient (GPT-OSS's expert biases included) and
+    Adam on one fixed batch lowers the loss; its first loss is within 5 % of bf16 grouped_mm's."""
+    model = MODELS[family]().to(torch.bfloat16)
+    reference_loss = float(training_step(model)[0])
+    model.set_experts_implementation("swiglu_ops_mxfp8")
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(4):
+        loss, _, grads = training_step(model)
+        assert len(grads) == len(list(model.parameters()))
+        assert all(bool(g.isfinite().all()) for g in grads.values())
+        losses.append(float(loss))
+        optimizer.step()
+    assert count_calls["mxfp8_expert_mlp"] == ["_ExpertMLPFunctionBackward"] * 2 * 4
+    assert abs(losses[0] - reference_loss) <= 0.05 * reference_loss
+    assert losses[-1] < losses[0] and all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+
+
+def test_unsupported_configs_are_clear_errors():
+    gelu = qwen3_moe(hidden_act="gelu")
+    gelu.set_experts_implementation("swiglu_ops")
+    with pytest.raises(NotImplementedError, match="only SiLU is supported"):
+        training_step(gelu)
+    fp32 = qwen3_moe("swiglu_ops_mxfp8")
+    with pytest.raises(NotImplementedError, match="needs a bf16 model"):
+        training_step(fp32)
+    odd = gpt_oss("swiglu_ops_mxfp8", intermediate_size=48).to(torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="multiple of 32"):
+        training_step(odd)
+    ep = gpt_oss("swiglu_ops")
+    ep.model.layers[0].mlp.experts._is_expert_parallel = True
+    with pytest.raises(NotImplementedError, match="expert parallel"):
+        training_step(ep)
+    with pytest.raises(ValueError, match="swiglu_ops_nope"):
+        qwen3_moe().set_experts_implementation("swiglu_ops_nope")
+
+
+def test_patch_gpt_oss_and_the_registered_implementation_agree():
+    """patch_gpt_oss (the activation swapped inside HF's own paths) and "swiglu_ops" run the same fused
+    function: the same step, up to the fp32 tolerance (their GEMM paths are HF's and the same)."""
+    base = gpt_oss()
+    patched = swiglu_ops.integrations.patch_gpt_oss(copy.deepcopy(base))
+    fused = copy.deepcopy(base)
+    fused.set_experts_implementation("swiglu_ops")
+    assert_fp32_parity(training_step(fused), training_step(patched))
+
+
+def test_without_a_grouped_mm_kernel_transformers_fallback_op_runs(monkeypatch):
+    """Where torch's grouped_mm cannot run (here: as on torch < 2.9 CPU), the GEMMs go to transformers' own
+    fallback op, as its grouped_mm path does; same results within the fp32 tolerance."""
+    model = qwen3_moe()
+    expected = training_step(model)
+    monkeypatch.setattr(hf, "_CPU_GROUPED_MM", False)
+    fallback = torch.ops.transformers.grouped_mm_fallback
+    calls = []
+    monkeypatch.setattr(
+        torch.ops.transformers, "grouped_mm_fallback", lambda *a, **k: calls.append(1) or fallback(*a, **k)
+    )
+    model.set_experts_implementation("swiglu_ops")
+    assert_fp32_parity(training_step(model), expected)
+    assert len(calls) == 4  # two GEMMs in each of the two layers
