@@ -1,7 +1,8 @@
 """Every public function under torch.compile, equal to eager bit for bit (spec README 6.3).
 
-The matrix: each public function x {compile, compile fullgraph, compile fullgraph dynamic} x {cpu, reference,
-triton (under the interpreter)} against the eager call of the same function and backend; the autograd
+The matrix: out= and inputs that require grad, the helpers (mx_dequantize, layouts) x {compile, compile
+fullgraph, compile fullgraph dynamic} x {cpu, reference, triton (under the interpreter)} against the eager
+call of the same function and backend (each operator itself: tests/test_operator_matrix.py); the autograd
 functions and modules (forward and gradients) also under the default Inductor backend (fullgraph, static and
 dynamic). Compiles use ``aot_eager`` elsewhere: the operators are opaque custom ops, so Inductor would add
 nothing but compile time to the check (the autograd functions' own math is where Inductor generates code).
@@ -98,13 +99,8 @@ def op_cases(b):
 OPS = list(op_cases("reference"))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", OPS)
-def test_operator_compiled_equals_eager(name, mode, backend):
-    fn = op_cases(backend)[name]
-    args = (DATA["dy"], DATA["x"], DATA["w"])
-    want = fn(*args)
-    assert_bitwise(torch.compile(fn, **MODES[mode])(*args), want)
+# Each operator compiled against eager, on every backend and on awkward shapes: tests/test_operator_matrix.py
+# (from the operator table). Here: out=, inputs that require grad, the helpers and the autograd wrappers.
 
 
 @pytest.mark.parametrize("mode", MODES)
