@@ -60,20 +60,20 @@ def _first_tensor(op: OpDef, args: dict) -> torch.Tensor:
 def _register(op: OpDef) -> None:
     names = [p.name for p in op.params]
 
-    def real(*args, **kwargs):
+    def bind(args, kwargs):
+        """The dispatcher's arguments as the public function's values, and the backend."""
         values = dict(zip(names, args, strict=False)) | kwargs
         backend = values.pop("backend", "auto")
         for p in op.params[len(args) :]:
             values.setdefault(p.name, p.default if p.to_schema is None else p.to_schema(p.default))
-        values = _values(op, values)
+        return _values(op, values), backend
+
+    def real(*args, **kwargs):
+        values, backend = bind(args, kwargs)
         return _results(op, api.run(op, values, backend), _first_tensor(op, values))
 
     def fake(*args, **kwargs):
-        values = dict(zip(names, args, strict=False)) | kwargs
-        backend = values.pop("backend", "auto")
-        for p in op.params[len(args) :]:
-            values.setdefault(p.name, p.default if p.to_schema is None else p.to_schema(p.default))
-        values = _values(op, values)
+        values, backend = bind(args, kwargs)
         plan = op.plan(**values)
         if plan.device.type != "meta":
             registry.select(backend, op.kernel, op.name, plan.device, plan.dtype)  # a bad backend errs here

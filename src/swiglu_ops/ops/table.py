@@ -291,9 +291,17 @@ SWIGLU_GROUP_GRAD = OpDef(
 
 # --------------------------------------------------------------- the dual-axis MX operators (FP8 / FP4)
 
-_MX_OUTPUTS = (Output("y1"), Output("mxscale1"), Output("y2"), Output("mxscale2"))
-#: The GLU parameters both MX operators take beyond CANN (stage 1 = the GPT-OSS clipped SwiGLU).
-_MX_GLU = (
+#: What both MX rows share: their outputs, group convention and compile rule (Inductor has no kernels for
+#: float8_e8m0fnu / float4 copies, so out= is refused inside torch.compile).
+_MX_ROW = dict(
+    outputs=(Output("y1"), Output("mxscale1"), Output("y2"), Output("mxscale2")),
+    groups=ENDS,
+    compile_out=False,
+)
+#: Their last parameters: CANN's reserved max_dtype_value, then the GLU parameters both take beyond CANN
+#: (stage 1 = the GPT-OSS clipped SwiGLU) and the token-contiguous y2.
+_MX_TAIL = (
+    Param("max_dtype_value", "float", 0.0, kw_only=True),
     Param("limit", "float?", None, kw_only=True),
     Param("alpha", "float?", None, kw_only=True),
     Param("bias", "float?", None, kw_only=True),
@@ -375,15 +383,12 @@ SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS = OpDef(
         Param("round_mode", "str", "rint", kw_only=True),
         Param("scale_alg", "int?", 1, kw_only=True),
         Param("dst_dtype", "ScalarType", torch.float8_e4m3fn, kw_only=True),
-        Param("max_dtype_value", "float", 0.0, kw_only=True),
-        *_MX_GLU,
+        *_MX_TAIL,
     ),
-    outputs=_MX_OUTPUTS,
-    groups=ENDS,
     plan=_plan_bwd_mx,
     doc=_DOC_BWD_MX,
     example=_example_bwd_mx,
-    compile_out=False,
+    **_MX_ROW,
 )
 
 
@@ -477,15 +482,12 @@ SWIGLU_MX_QUANT_DUAL_AXIS = OpDef(
             to_schema=mx.dst_name,
             from_schema=mx.dst_from_name,
         ),  # fmt: skip
-        Param("max_dtype_value", "float", 0.0, kw_only=True),
-        *_MX_GLU,
+        *_MX_TAIL,
     ),
-    outputs=_MX_OUTPUTS,
-    groups=ENDS,
     plan=_plan_fwd_mx,
     doc=_DOC_FWD_MX,
     example=_example_fwd_mx,
-    compile_out=False,
+    **_MX_ROW,
 )
 
 

@@ -205,15 +205,7 @@ def glu_params(
         raise TypeError(f"clamp_mode must be an int, got {type(clamp_mode).__name__}")
     if clamp_mode not in (0, 1):
         raise ValueError(f"clamp_mode must be 0 (clamp before the activation) or 1 (after), got {clamp_mode}")
-    return GluParams(
-        interleaved=interleaved,
-        activate_left=activate_left,
-        clipped=True,
-        alpha=alpha,
-        limit=limit,
-        bias=bias,
-        clamp_mode=int(clamp_mode),
-    )
+    return GluParams(interleaved, activate_left, True, alpha, limit, bias, int(clamp_mode))
 
 
 def mx_glu_params(activate_left, interleaved, limit, alpha, bias) -> GluParams:
@@ -227,14 +219,8 @@ def mx_glu_params(activate_left, interleaved, limit, alpha, bias) -> GluParams:
         )
     if not all(given):
         return glu_params(activate_left=activate_left, interleaved=interleaved)
-    return glu_params(
-        activate_left=activate_left,
-        interleaved=interleaved,
-        clipped=True,
-        alpha=alpha,
-        limit=limit,
-        bias=bias,
-    )
+    glu = dict(clipped=True, alpha=alpha, limit=limit, bias=bias)
+    return glu_params(activate_left=activate_left, interleaved=interleaved, **glu)
 
 
 def valid_rows(group_index: torch.Tensor, rows: int) -> torch.Tensor:

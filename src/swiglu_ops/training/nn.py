@@ -338,16 +338,9 @@ class _SwiGLUMXFunction(torch.autograd.Function):
         a_cols, b_cols = split_columns(x.shape[-1], glu)
         xf = x.float()
         ctx.save_for_backward(x, group_index)
-        ctx.options = dict(
-            activate_left=activate_left,
-            scale_alg=scale_alg,
-            dst_dtype=dst_dtype,
-            limit=limit,
-            alpha=alpha,
-            bias=bias,
-            interleaved=interleaved,
-            backend=backend,
-        )
+        glu_args = dict(limit=limit, alpha=alpha, bias=bias, interleaved=interleaved)
+        ctx.options = dict(activate_left=activate_left, scale_alg=scale_alg, dst_dtype=dst_dtype, **glu_args)
+        ctx.options["backend"] = backend
         ctx.capture = capture
         # The activation whose gradient the operator's stage 1 computes, in fp32, rounded once.
         return glu_math.forward(xf[..., a_cols], xf[..., b_cols], glu).to(x.dtype)

@@ -295,11 +295,7 @@ def swiglu_mx_quant(
     _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2)
 
 
-BACKEND = Backend(
-    name=NAME,
-    module=sys.modules[__name__],
-    kernels=KERNELS,  # every kernel contract
-)
+BACKEND = Backend(NAME, sys.modules[__name__], KERNELS)  # every kernel contract, by its name here
 
 
 @contextlib.contextmanager

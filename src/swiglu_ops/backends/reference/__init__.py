@@ -17,11 +17,7 @@ def is_available(device) -> tuple[bool, str]:
     return True, ""
 
 
-BACKEND = Backend(
-    name=NAME,
-    module=sys.modules[__name__],
-    kernels=KERNELS,  # every kernel contract
-)
+BACKEND = Backend(NAME, sys.modules[__name__], KERNELS)  # every kernel contract, by its name here
 
 
 __all__ = [

@@ -316,11 +316,7 @@ def swiglu_mx_quant(
     )  # fmt: skip
 
 
-BACKEND = Backend(
-    name=NAME,
-    module=sys.modules[__name__],
-    kernels=KERNELS,  # every kernel contract
-)
+BACKEND = Backend(NAME, sys.modules[__name__], KERNELS)  # every kernel contract, by its name here
 
 
 __all__ = [
