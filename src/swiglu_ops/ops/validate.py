@@ -193,9 +193,10 @@ def check_group_index(group_index, convention: str) -> None:
 
 
 def readable(t: torch.Tensor) -> bool:
-    """Whether a tensor's values can be read without a device synchronisation: a real CPU tensor (not a
-    fake or meta tensor, and not while torch.compile traces; the custom op's real kernel reads them)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling() and not is_fake(t)
+    """Whether a tensor's values can be read without a device synchronisation: a plain CPU tensor (not a
+    fake or meta tensor, not a subclass such as DTensor or TwoTensor, whose ``tolist()`` torch refuses, and
+    not while torch.compile traces; the custom op's real kernel reads them)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling() and is_plain(t)
 
 
 def warn_if_ends_as_counts(group_index: torch.Tensor, rows: int) -> None:
