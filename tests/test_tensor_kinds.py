@@ -9,25 +9,30 @@ views of one buffer, a DLPack view). The gate of :mod:`swiglu_ops.ops.validate` 
 kernel through a pointer; a kind it lets through wrongly reads the wrong memory (a wrong result) or
 dereferences a fake tensor's null pointer (a crash), which is why every case runs in a subprocess.
 
-The cases run batched: one child process per backend (``python tests/test_tensor_kinds.py <backend>``) runs
+The cases run batched: one child process per backend (``python tests/test_tensor_kinds.py <child>``) runs
 all operators x kinds, printing ``START <case>`` before and one ``RESULT {json}`` line after each case; the
-parent asserts every planned case has a passing result, and a crashed child names the case it died in.
+parent asserts every planned case has a passing result, and a crashed child names the case it died in. The
+``mx_dequantize_layouts`` child runs the same input kinds through ``mx_dequantize`` and the layout helpers
+(``swiglu_ops.layouts``), the ``dtensor`` child every public function on DTensors.
 
 Expectations:
 
 - kinds that compute (non-contiguous, negative/conjugate inputs, TwoTensor, the unwrapping subclass, plain
   ``out=``) give bitwise the outputs of the plain call (same inputs, same bits, on every backend);
 - fake and meta inputs give fake / meta outputs of the plain call's shapes and dtypes;
-- kinds that cannot be served (a fake ``group_index`` beside real data, a meta ``group_index``, fake / meta /
-  subclass / negative ``out=``, an ``out=`` overlapping an input, a subclass that handles no op) raise a
-  ``TypeError`` / ``ValueError`` whose message names the argument;
-- ``mx_dequantize`` with bad cumulative ends (counts, decreasing, float, on another device) raises;
+- kinds that cannot be served (fake tensors beside real ones or under a ``FakeTensorMode`` that refuses real
+  ones, a meta ``group_index`` beside CPU data, fake / meta / subclass / negative ``out=``, an ``out=``
+  overlapping an input, ``out=`` with a subclass input) raise a ``TypeError`` / ``ValueError`` whose
+  message names the argument; a subclass that handles no op gets torch's ``TypeError`` naming the subclass;
+- ``mx_dequantize`` with bad cumulative ends (counts, decreasing, negative, short, float, on another device)
+  raises;
 - DTensor (1-process gloo group, 1-device CPU mesh, ``Replicate()``): a DTensor result equal to the plain
   one, or the ``NotImplementedError`` of DTensor's missing sharding strategy.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -38,8 +43,8 @@ from pathlib import Path
 
 import pytest
 
-#: the children: one per backend, then the DTensor run (on the reference and cpu backends) and mx_dequantize
-CHILDREN = ("reference", "cpu", "triton", "dtensor", "mx_dequantize")
+#: the children: one per backend, the DTensor run (reference and cpu backends), mx_dequantize and the layouts
+CHILDREN = ("reference", "cpu", "triton", "dtensor", "mx_dequantize_layouts")
 #: seconds a child may take (the triton one runs its kernels in Triton's interpreter)
 CHILD_TIMEOUT = 240
 
@@ -58,7 +63,7 @@ def _child_env(name: str) -> dict:
 
 
 def _needed_backends(name: str) -> tuple[str, ...]:
-    return {"dtensor": ("reference",), "mx_dequantize": ()}.get(name, (name,))
+    return {"dtensor": ("reference",), "mx_dequantize_layouts": ()}.get(name, (name,))
 
 
 def _unavailable(name: str) -> str | None:
@@ -543,7 +548,8 @@ def _reraise(exc):
 # --------------------------------------------------------------------------------------- mx_dequantize
 
 
-def _dequantize_cases() -> list:
+def _scale_cases() -> list:
+    """mx_dequantize and the layout helpers (:func:`_scale_calls`) x kinds, and mx_dequantize's bad ends."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -551,29 +557,22 @@ def _dequantize_cases() -> list:
     from swiglu_ops.ops.table import OPERATORS
 
     unwrapping, _ = _classes()
-    args = OPERATORS["swiglu_mx_quant_dual_axis"].example(
-        torch.Generator().manual_seed(0), torch.float32, "cpu"
-    )
-    ends = args["group_index"]  # [33, 33, 100]: an empty group
-    y1, s1, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(**args, backend="reference")
-    m = y2.shape[0]
     cases = []
-    for axis, data, scale, gi in ((-1, y1, s1, None), (-2, y2, s2, ends)):
-        plain = dict(data=data, scale=scale, axis=axis, group_index=gi)
-        base = [swiglu_ops.mx_dequantize(**plain)]
-        tensors = [n for n in ("data", "scale", "group_index") if plain[n] is not None]
+    for name, fn, plain in _scale_calls():
+        base = _flat_outputs(fn(**plain))
+        tensors = [n for n, v in plain.items() if isinstance(v, torch.Tensor)]
 
         def each(transform, names=tensors, plain=plain):
             return {n: transform(v) if n in names else v for n, v in plain.items()}
 
-        def add(kind, mapped, expect, axis=axis, mode=None):
+        def add(kind, mapped, expect, name=name, fn=fn, mode=None):
             def run():
                 if mode is None:
-                    return swiglu_ops.mx_dequantize(**mapped)
+                    return fn(**mapped)
                 with mode:
-                    return swiglu_ops.mx_dequantize(**mapped)
+                    return fn(**mapped)
 
-            cases.append(Case(f"mx_dequantize/axis{axis}/{kind}", run, expect))
+            cases.append(Case(f"{name}/{kind}", run, expect))
 
         same = lambda unwrap=None, base=base: (  # noqa: E731
             lambda r, e: _reraise(e) or _expect_same(r, base, *(() if unwrap is None else (unwrap,)))
@@ -587,15 +586,27 @@ def _dequantize_cases() -> list:
         add("fake_outside_mode", each(mode.from_tensor), shaped(_is_fake))
         add("fake_inside_mode", each(mode.from_tensor), shaped(_is_fake), mode=mode)
         add("meta", each(lambda t: t.to("meta")), shaped(_is_meta))
-        if gi is not None:
+        if plain.get("group_index") is not None:
             add("neg_view_group_index", each(_neg, ["group_index"]), same())
             add("noncontiguous_group_index", each(_noncontig, ["group_index"]), same())
+            add("two_tensor_group_index", each(_two, ["group_index"]), same(_two_parts))
             add(
                 "fake_group_index",
                 each(FakeTensorMode().from_tensor, ["group_index"]),
                 lambda r, e: _expect_error(e, (TypeError,), ("group_index", "fake")),
             )
+            add(
+                "meta_group_index",
+                each(lambda t: t.to("meta"), ["group_index"]),
+                lambda r, e: _expect_error(e, (ValueError,), ("group_index", "meta")),
+            )
 
+    args = OPERATORS["swiglu_mx_quant_dual_axis"].example(
+        torch.Generator().manual_seed(0), torch.float32, "cpu"
+    )
+    ends = args["group_index"]  # [33, 33, 100]: an empty group
+    _, _, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(**args, backend="reference")
+    m = y2.shape[0]
     # bad cumulative ends: raise, never other numbers
     bad = {
         "counts": (torch.tensor([33, 0, m - 33]), ValueError, ("group_index", "counts")),
@@ -637,36 +648,75 @@ def _dtensor_cases() -> list:
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
     mesh = init_device_mesh("cpu", (1,))
     cases = []
+
+    def add(name, fn, args):
+        """``fn(**args)`` with every tensor argument a replicated DTensor."""
+        base = _flat_outputs(fn(**args))
+        mapped = {
+            n: DTensor.from_local(v, mesh, [Replicate()]) if isinstance(v, torch.Tensor) else v
+            for n, v in args.items()
+        }
+
+        def expect(r, e):
+            if isinstance(e, NotImplementedError):
+                return f"NotImplementedError (no sharding strategy yet): {str(e).splitlines()[0][:160]}"
+            _reraise(e)
+
+            def local(t, label):
+                if not isinstance(t, DTensor):
+                    raise Failure(f"{label}: expected a DTensor, got {type(t).__name__}")
+                return [(label, t.to_local())]
+
+            return _expect_same(r, base, local)
+
+        cases.append(Case(f"{name}/dtensor_replicate", lambda: fn(**mapped), expect))
+
     for backend in [b for b in ("reference", "cpu") if b in swiglu_ops.available_backends("cpu")]:
         for op in PUBLIC:
-            fn = getattr(swiglu_ops, op.name)
-            args = op.example(torch.Generator().manual_seed(0), torch.float32, "cpu")
-            base = _flat_outputs(fn(**args, backend=backend))
-            mapped = {
-                n: DTensor.from_local(v, mesh, [Replicate()]) if isinstance(v, torch.Tensor) else v
-                for n, v in args.items()
-            }
-
-            def expect(r, e, base=base):
-                if isinstance(e, NotImplementedError):
-                    return f"NotImplementedError (no sharding strategy yet): {str(e).splitlines()[0][:160]}"
-                _reraise(e)
-
-                def local(t, label):
-                    if not isinstance(t, DTensor):
-                        raise Failure(f"{label}: expected a DTensor, got {type(t).__name__}")
-                    return [(label, t.to_local())]
-
-                return _expect_same(r, base, local)
-
-            cases.append(
-                Case(
-                    f"{op.name}/{backend}/dtensor_replicate",
-                    lambda fn=fn, mapped=mapped, backend=backend: fn(**mapped, backend=backend),
-                    expect,
-                )
+            fn = functools.partial(getattr(swiglu_ops, op.name), backend=backend)
+            add(
+                f"{op.name}/{backend}", fn, op.example(torch.Generator().manual_seed(0), torch.float32, "cpu")
             )
+    for name, fn, args in _scale_calls():
+        add(name, fn, args)
     return cases
+
+
+def _scale_calls() -> list:
+    """``(name, function, arguments)``: mx_dequantize and every layout helper, on the MX forward operator's
+    outputs for its example (with groups)."""
+    import torch
+
+    import swiglu_ops
+    from swiglu_ops import layouts
+    from swiglu_ops.ops.table import OPERATORS
+
+    args = OPERATORS["swiglu_mx_quant_dual_axis"].example(
+        torch.Generator().manual_seed(0), torch.float32, "cpu"
+    )
+    ends, (m, c) = args["group_index"], args["x"].shape
+    y1, s1, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(**args, backend="reference")
+    return [
+        ("mx_dequantize/axis-1", swiglu_ops.mx_dequantize, dict(data=y1, scale=s1, axis=-1)),
+        (
+            "mx_dequantize/axis-2",
+            swiglu_ops.mx_dequantize,
+            dict(data=y2, scale=s2, axis=-2, group_index=ends),
+        ),
+        ("layouts.to_blocked", layouts.to_blocked, dict(scales=s1.flatten(-2))),
+        ("layouts.mxscale1_to_plain", layouts.mxscale1_to_plain, dict(mxscale1=s1, num_cols=c // 2)),
+        ("layouts.mxscale1_to_blocked", layouts.mxscale1_to_blocked, dict(mxscale1=s1, group_index=ends)),
+        (
+            "layouts.mxscale2_to_plain",
+            layouts.mxscale2_to_plain,
+            dict(mxscale2=s2, num_rows=m, group_index=ends),
+        ),
+        (
+            "layouts.mxscale2_to_blocked",
+            layouts.mxscale2_to_blocked,
+            dict(mxscale2=s2, num_rows=m, group_index=ends),
+        ),
+    ]
 
 
 def _child(name: str) -> None:
@@ -684,8 +734,8 @@ def _child(name: str) -> None:
             if dist.is_initialized():
                 dist.barrier()
                 dist.destroy_process_group()
-    elif name == "mx_dequantize":
-        _run(_dequantize_cases())
+    elif name == "mx_dequantize_layouts":
+        _run(_scale_cases())
     else:
         _run(_operator_cases(name))
 
