@@ -22,7 +22,7 @@ import numbers
 import warnings
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
+from torch._subclasses.fake_tensor import FakeTensorMode, fake_tensor_tls, is_fake, maybe_get_fake_mode
 
 from ..numerics import mx
 from ..numerics.glu import GluParams, fp32_value
@@ -54,7 +54,7 @@ def dispatch_mode_active() -> bool:
 def needs_dispatch(tensors: dict) -> bool:
     """Whether a call must go through the custom op (torch's dispatcher) instead of straight to a kernel:
     an input that is not plain (fake, meta, a subclass) or an active dispatch mode. Raises the ``TypeError``
-    for tensors no dispatch can take (sparse, mkldnn, nested layouts)."""
+    for tensors no dispatch can take (sparse, mkldnn, nested layouts; fake tensors beside real ones)."""
     routed = dispatch_mode_active()
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -62,7 +62,50 @@ def needs_dispatch(tensors: dict) -> bool:
         if t.layout != torch.strided or t.is_nested:
             raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
         routed = routed or not is_plain(t)
+    if routed:
+        check_fake_mix(tensors)
     return routed
+
+
+def _active_fake_mode():
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    return mode if isinstance(mode, FakeTensorMode) else None
+
+
+def check_fake_mix(tensors: dict) -> None:
+    """Fake tensors and real ones (or fake tensors of two fake modes) cannot meet in one call: a
+    ``FakeTensorMode`` that does not allow non-fake inputs (the default) answers that with an
+    ``AssertionError`` from inside torch; here it is a ``TypeError`` naming the arguments."""
+    present = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    modes = {id(m): m for m in map(maybe_get_fake_mode, present.values()) if m is not None}
+    active = _active_fake_mode()
+    if active is not None:
+        modes.setdefault(id(active), active)
+    if not modes:
+        return
+    fake = [n for n, t in present.items() if is_fake(t)]
+    if len(modes) > 1:
+        raise TypeError(
+            f"{', '.join(fake)} must be fake tensors of one FakeTensorMode"
+            + (" (the active one)" if active is not None else "")
+            + ": fake tensors of different modes cannot be mixed"
+        )
+    (mode,) = modes.values()
+    override = fake_tensor_tls.allow_non_fake_inputs_override
+    if mode.allow_non_fake_inputs if override is None else override:
+        return
+    real = [n for n in present if n not in fake]
+    if real:
+        why = (
+            f"{', '.join(fake)} {'is a fake tensor' if len(fake) == 1 else 'are fake tensors'}"
+            if fake
+            else "a FakeTensorMode is active"
+        )
+        must = "a fake tensor" if len(real) == 1 else "fake tensors"
+        raise TypeError(
+            f"{', '.join(real)} must be {must} too ({why}, and the mode does not allow non-fake inputs): "
+            "convert every tensor argument with FakeTensorMode.from_tensor, or none of them"
+        )
 
 
 def kernel_ready(name: str, t):
@@ -150,9 +193,10 @@ def check_group_index(group_index, convention: str) -> None:
 
 
 def readable(t: torch.Tensor) -> bool:
-    """Whether a tensor's values can be read without a device synchronisation: a real CPU tensor (not a
-    fake or meta tensor, and not while torch.compile traces; the custom op's real kernel reads them)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling() and not is_fake(t)
+    """Whether a tensor's values can be read without a device synchronisation: a plain CPU tensor (not a
+    fake or meta tensor, not a subclass such as DTensor or TwoTensor, whose ``tolist()`` torch refuses, and
+    not while torch.compile traces; the custom op's real kernel reads them)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling() and is_plain(t)
 
 
 def warn_if_ends_as_counts(group_index: torch.Tensor, rows: int) -> None:
