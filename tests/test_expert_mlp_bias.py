@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import swiglu_ops
+from swiglu_ops.training import expert_mlp
 
 BF16 = torch.bfloat16
 GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
@@ -71,19 +72,8 @@ def test_zero_biases_change_nothing_and_bias_gradients_are_group_sums(variant, q
     assert not db1[COUNTS.index(0)].any() and not db2[COUNTS.index(0)].any()  # the empty expert
 
 
-def reference(x, w1, w2, b1, b2, ends, limit=None, alpha=None, bias=None, interleaved=False):
-    outs, start = [], 0
-    for g, end in enumerate(ends.tolist()):
-        h = x[start:end] @ w1[g] + b1[g]
-        gate, up = (h[:, ::2], h[:, 1::2]) if interleaved else h.chunk(2, dim=-1)
-        if limit is None:
-            act = torch.nn.functional.silu(gate) * up
-        else:
-            gate = gate.clamp(max=limit)
-            act = gate * torch.sigmoid(alpha * gate) * (up.clamp(-limit, limit) + bias)
-        outs.append(act @ w2[g] + b2[g])
-        start = end
-    return torch.cat(outs)
+def reference(x, w1, w2, b1, b2, ends, **glu):
+    return expert_mlp.expert_mlp_reference(x, w1, w2, ends, b1=b1, b2=b2, **glu)
 
 
 @pytest.mark.parametrize("quantize", [False, True])

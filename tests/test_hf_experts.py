@@ -21,6 +21,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from test_gpt_oss_hf import training_step  # noqa: E402  (one step on the same INPUT_IDS)
 from transformers import (  # noqa: E402
     GptOssConfig,
     GptOssForCausalLM,
@@ -33,7 +34,6 @@ import swiglu_ops  # noqa: E402
 import swiglu_ops.integrations.hf as hf  # noqa: E402
 
 VOCAB = 64
-INPUT_IDS = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
 
 
 def gpt_oss(experts_implementation="grouped_mm", **over):
@@ -87,15 +87,6 @@ def qwen3_moe(experts_implementation="grouped_mm", **over):
 MODELS = {"gpt_oss": gpt_oss, "qwen3_moe": qwen3_moe}
 
 
-def training_step(model):
-    """(loss, logits, {name: grad}) of one forward + backward on INPUT_IDS."""
-    model.zero_grad(set_to_none=True)
-    out = model(input_ids=INPUT_IDS, labels=INPUT_IDS)
-    out.loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.loss.detach(), out.logits.detach(), grads
-
-
 def as_list(step):
     loss, logits, grads = step
     return [("loss", loss), ("logits", logits)] + sorted(grads.items())
@@ -123,7 +114,7 @@ def count_calls(monkeypatch):
     calls = {}
 
     def wrap(name):
-        original = getattr(swiglu_ops, name)
+        original = getattr(hf, name)  # the names the integration calls
 
         def counting(*args, **kwargs):
             out = original(*args, **kwargs)
@@ -131,7 +122,7 @@ def count_calls(monkeypatch):
                 calls.setdefault(name, []).append(type(out.grad_fn).__name__ if out.grad_fn else None)
             return out
 
-        monkeypatch.setattr(swiglu_ops, name, counting)
+        monkeypatch.setattr(hf, name, counting)
 
     for name in ("clipped_swiglu", "mxfp8_expert_mlp"):
         wrap(name)

@@ -152,16 +152,7 @@ def _classes():
             out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
             return tree_map(lambda t: Unwrapping(t) if isinstance(t, torch.Tensor) else t, out)
 
-    class HandlesNothing(torch.Tensor):
-        @staticmethod
-        def __new__(cls, inner):
-            return torch.Tensor._make_wrapper_subclass(
-                cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=inner.device
-            )
-
-        def __init__(self, inner):
-            self.inner = inner
-
+    class HandlesNothing(Unwrapping):
         def __repr__(self):
             return "HandlesNothing(...)"
 

@@ -47,7 +47,8 @@ import math
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-import swiglu_ops
+from ..training.expert_mlp import mxfp8_expert_mlp
+from ..training.nn import clipped_swiglu
 
 __all__ = [
     "IMPLEMENTATION",
@@ -110,7 +111,7 @@ def _check_activation(module: torch.nn.Module, params: dict) -> bool:
     try:
         with torch.no_grad():
             expected = type(module)._apply_gate(module, probe)
-            got = swiglu_ops.clipped_swiglu(probe, **params, backend="reference")
+            got = clipped_swiglu(probe, **params, backend="reference")
         same = got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-5, atol=1e-6)
     except Exception as exc:  # an activation that does not even run on the probe
         raise NotImplementedError(
@@ -224,7 +225,7 @@ def swiglu_ops_experts_forward(
     h = _grouped_mm(x_g, w1, ends)
     if b1 is not None:
         h = h + b1[expert_ids_g]
-    act = swiglu_ops.clipped_swiglu(h, **glu, backend=_backend(self))
+    act = clipped_swiglu(h, **glu, backend=_backend(self))
     out = _grouped_mm(act, w2, ends)
     if b2 is not None:
         out = out + b2[expert_ids_g]
@@ -262,7 +263,7 @@ def mxfp8_experts_forward(
         act = dict(limit=glu["limit"], alpha=glu["alpha"], bias=glu["bias"], interleaved=glu["interleaved"])
     else:  # the operators' plain SwiGLU, silu(gate) * up
         act = dict(interleaved=glu["interleaved"])
-    out = swiglu_ops.mxfp8_expert_mlp(x_g, w1, w2, ends, **act, b1=b1, b2=b2, backend=_backend(self))
+    out = mxfp8_expert_mlp(x_g, w1, w2, ends, **act, b1=b1, b2=b2, backend=_backend(self))
     return _finish(self, out, weights_g, perm, hidden_states, top_k_index.size(-1))
 
 

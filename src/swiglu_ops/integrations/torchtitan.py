@@ -20,7 +20,7 @@ and sharding config: checkpoints load either way) and computes the same function
 - ``recipe="mxfp8"``: ``mxfp8_expert_mlp(..., quantize=True)``: the forward activation is quantised by the
   fused :func:`swiglu_ops.swiglu_mx_quant_dual_axis` and the SwiGLU gradient by the fused
   :func:`swiglu_ops.swiglu_backward_mx_quant_dual_axis` (``backend=``: "auto", "cpu", "triton",
-  "reference"), feeding the MXFP8 GEMMs of :mod:`swiglu_ops.expert_mlp` (``gemm=``).
+  "reference"), feeding the MXFP8 GEMMs of :mod:`swiglu_ops.training.expert_mlp` (``gemm=``).
 
 Parallelism (as torchtitan's module): under expert parallelism the parameters are DTensors sharded on the
 expert dim over the ``ep`` mesh and the token dispatcher hands this module the tokens of its local experts
@@ -53,7 +53,7 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.tools.logging import logger
 
-import swiglu_ops
+from ..training.expert_mlp import mxfp8_expert_mlp
 
 __all__ = ["FusedGroupedExperts", "FusedExpertsConverter", "RECIPES"]
 
@@ -86,7 +86,7 @@ class FusedGroupedExperts(GroupedExperts):
         backend: str = "auto"
         """Backend of the fused MX operators ("auto", "cpu", "triton", "reference")."""
         gemm: str = "auto"
-        """Where the MXFP8 GEMMs run (``swiglu_ops.expert_mlp``: "auto", "emulated", ...)."""
+        """Where the MXFP8 GEMMs run (``swiglu_ops.training.expert_mlp``: "auto", "emulated", ...)."""
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -129,7 +129,7 @@ class FusedGroupedExperts(GroupedExperts):
         w13 = torch.cat([w1, w3], dim=1).transpose(-2, -1)
         down = w2.transpose(-2, -1)
         ends = torch.cumsum(num_tokens_per_expert_E, dim=0).to(torch.int64)
-        out = swiglu_ops.mxfp8_expert_mlp(
+        out = mxfp8_expert_mlp(
             x_RD.bfloat16(),
             w13,
             down,

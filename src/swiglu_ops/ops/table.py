@@ -135,6 +135,14 @@ class OpDef:
 # --------------------------------------------------------------------------------------------- helpers
 
 
+def _tensor(name: str) -> Param:
+    return Param(name, "Tensor")
+
+
+def _optional(name: str) -> Param:
+    return Param(name, "Tensor?", None)
+
+
 def _flat(t: torch.Tensor | None, *shape):
     """``t`` as the contiguous ``shape`` the kernel contracts take (None stays None)."""
     return None if t is None else t.reshape(*shape).contiguous()
@@ -274,11 +282,8 @@ SWIGLU_GROUP_GRAD = OpDef(
     cann="SwigluGroupGrad",
     kernel="swiglu_group_grad",
     params=(
-        Param("grad_y", "Tensor"),
-        Param("x", "Tensor"),
-        Param("weight", "Tensor?", None),
-        Param("y_origin", "Tensor?", None),
-        Param("group_index", "Tensor?", None),
+        *map(_tensor, ("grad_y", "x")),
+        *map(_optional, ("weight", "y_origin", "group_index")),
         Param("clamp_limit", "float", 0.0),
     ),
     outputs=(Output("grad_x"), Output("grad_weight", when="weight")),
@@ -376,9 +381,8 @@ SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS = OpDef(
     cann="SwigluBackwardMxQuantWithDualAxis",
     kernel="swiglu_bwd_mx_quant",
     params=(
-        Param("x", "Tensor"),
-        Param("y_grad", "Tensor"),
-        Param("group_index", "Tensor?", None),
+        *map(_tensor, ("x", "y_grad")),
+        _optional("group_index"),
         Param("activate_left", "bool", True, kw_only=True),
         Param("round_mode", "str", "rint", kw_only=True),
         Param("scale_alg", "int?", 1, kw_only=True),
@@ -467,8 +471,8 @@ SWIGLU_MX_QUANT_DUAL_AXIS = OpDef(
     cann="SwigluMxQuantWithDualAxis",
     kernel="swiglu_mx_quant",
     params=(
-        Param("x", "Tensor"),
-        Param("group_index", "Tensor?", None),
+        _tensor("x"),
+        _optional("group_index"),
         Param("activate_left", "bool", True, kw_only=True),
         Param("round_mode", "str", "rint", kw_only=True),
         Param("scale_alg", "int?", None, kw_only=True),
@@ -551,8 +555,8 @@ CLIPPED_SWIGLU = OpDef(
     cann="ClippedSwiglu",
     kernel="clipped_swiglu",
     params=(
-        Param("x", "Tensor"),
-        Param("group_index", "Tensor?", None),
+        _tensor("x"),
+        _optional("group_index"),
         *_CLIPPED_ATTRS,
         Param("clamp_mode", "int", 0, kw_only=True),
     ),
@@ -604,12 +608,7 @@ CLIPPED_SWIGLU_GRAD = OpDef(
     name="clipped_swiglu_grad",
     cann="ClippedSwigluGrad",
     kernel="clipped_swiglu_grad",
-    params=(
-        Param("grad_y", "Tensor"),
-        Param("x", "Tensor"),
-        Param("group_index", "Tensor?", None),
-        *_CLIPPED_ATTRS,
-    ),
+    params=(*map(_tensor, ("grad_y", "x")), _optional("group_index"), *_CLIPPED_ATTRS),
     outputs=(Output("grad_x"),),
     groups=COUNTS,
     plan=_plan_clipped_grad,
@@ -638,9 +637,8 @@ CLIPPED_SWIGLU_GRAD_MODE1 = OpDef(
     cann="(none: library extension of ClippedSwigluGrad)",
     kernel="clipped_swiglu_grad",
     params=(
-        Param("grad_y", "Tensor"),
-        Param("x", "Tensor"),
-        Param("group_index", "Tensor?", None),
+        *map(_tensor, ("grad_y", "x")),
+        _optional("group_index"),
         Param("dim", "int", -1, kw_only=True),
         Param("limit", "float", 7.0, kw_only=True),
         Param("interleaved", "bool", True, kw_only=True),

@@ -146,6 +146,16 @@ def check_tensor(name: str, t, *, optional: bool = False) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def check_data_pair(first: str, a, second: str, b) -> None:
+    """Two data tensors: ``a`` bf16, fp16 or fp32, ``b`` of a's dtype."""
+    check_tensor(first, a)
+    check_tensor(second, b)
+    if a.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{first} must be bfloat16, float16 or float32, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{second} must have the dtype of {first} ({a.dtype}), got {b.dtype}")
+
+
 def check_device(ref: torch.Tensor, **tensors) -> None:
     for name, t in tensors.items():
         if t is not None and t.device != ref.device:
@@ -274,12 +284,7 @@ def valid_rows(group_index: torch.Tensor, rows: int) -> torch.Tensor:
 
 def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
     """Every rejection of swiglu_group_grad.md section 2 plus the contract; returns the clamp as fp32."""
-    check_tensor("grad_y", grad_y)
-    check_tensor("x", x)
-    if grad_y.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"grad_y must be bfloat16, float16 or float32, got {grad_y.dtype}")
-    if x.dtype != grad_y.dtype:
-        raise TypeError(f"x must have the dtype of grad_y ({grad_y.dtype}), got {x.dtype}")
+    check_data_pair("grad_y", grad_y, "x", x)
     if grad_y.dim() < 2:
         raise ValueError(f"grad_y must have rank >= 2, got shape {tuple(grad_y.shape)}")
     if x.dim() != grad_y.dim():
@@ -323,12 +328,7 @@ def validate_mx_quant(
     x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
 ):
     """Every rejection of swiglu_backward_mx_quant.md section 1.5 plus the contract; returns the FP8Format."""
-    check_tensor("x", x)
-    check_tensor("y_grad", y_grad)
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
-    if y_grad.dtype != x.dtype:
-        raise TypeError(f"y_grad must have the dtype of x ({x.dtype}), got {y_grad.dtype}")
+    check_data_pair("x", x, "y_grad", y_grad)
     if not isinstance(dst_dtype, torch.dtype):
         raise TypeError(f"dst_dtype must be a torch.dtype, got {type(dst_dtype).__name__}")
     fmt = mx.fp8_format(dst_dtype)

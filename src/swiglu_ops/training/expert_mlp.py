@@ -440,13 +440,7 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
             raise ValueError(f"{name} must have shape {shape} (one row per expert), got {tuple(t.shape)}")
     if two_h % 64 != 0 or d % 8 != 0:
         raise ValueError(f"2H must be a multiple of 64 and d of 8, got 2H = {two_h}, d = {d}")
-    if not isinstance(group_ends, torch.Tensor) or group_ends.dtype not in (torch.int64, torch.int32):
-        raise TypeError("group_ends must be an int64 or int32 tensor of cumulative token ends")
-    if group_ends.dim() != 1 or group_ends.numel() != e:
-        raise ValueError(
-            f"group_ends must be 1-D with one cumulative token end per expert ({e}), got shape "
-            f"{tuple(group_ends.shape)}"
-        )
+    check_expert_ends(group_ends, e)
     V.check_device(x, w1=w1, w2=w2, group_ends=group_ends)
     V.check_device(x, **{n: t for n, t in (("b1", b1), ("b2", b2)) if t is not None})
     V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
@@ -455,6 +449,17 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
         raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+
+
+def check_expert_ends(group_ends, num_experts: int) -> None:
+    """``group_ends``: int64/int32, 1-D, one cumulative token end per expert."""
+    if not isinstance(group_ends, torch.Tensor) or group_ends.dtype not in (torch.int64, torch.int32):
+        raise TypeError("group_ends must be an int64 or int32 tensor of cumulative token ends")
+    if group_ends.dim() != 1 or group_ends.numel() != num_experts:
+        raise ValueError(
+            f"group_ends must be 1-D with one cumulative token end per expert ({num_experts}), got shape "
+            f"{tuple(group_ends.shape)}"
+        )
 
 
 def mxfp8_expert_mlp(
@@ -576,18 +581,20 @@ class MXFP8ExpertMLP(torch.nn.Module):
 # ------------------------------------------------------------------------------------ float64 reference
 
 
-def expert_mlp_reference(x, w1, w2, group_ends, *, limit=None, alpha=None, bias=None, interleaved=False):
+def expert_mlp_reference(
+    x, w1, w2, group_ends, *, limit=None, alpha=None, bias=None, interleaved=False, b1=None, b2=None
+):
     """The same expert MLP as plain differentiable torch ops in the inputs' dtype (use float64): no
     quantisation, no intermediate rounding. GPT-OSS: ``min(g, L) * sigmoid(alpha * min(g, L)) *
-    (clip(u, -L, L) + bias)``. For checks and the demo."""
+    (clip(u, -L, L) + bias)``, with its linear biases ``b1``/``b2`` when given. For checks and the demo."""
     outs = []
     for g, (s, e) in enumerate(_ranges(group_ends)):
-        h = x[s:e] @ w1[g]
+        h = x[s:e] @ w1[g] + (0.0 if b1 is None else b1[g])
         gate, up = (h[:, ::2], h[:, 1::2]) if interleaved else h.chunk(2, dim=-1)
         if limit is None:
             act = torch.nn.functional.silu(gate) * up
         else:
             gate = gate.clamp(max=limit)
             act = gate * torch.sigmoid(alpha * gate) * (up.clamp(-limit, limit) + bias)
-        outs.append(act @ w2[g])
+        outs.append(act @ w2[g] + (0.0 if b2 is None else b2[g]))
     return torch.cat([x.new_zeros(0, w2.shape[-1]), *outs])

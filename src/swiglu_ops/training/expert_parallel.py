@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops.groups import counts_to_ends, ends_to_counts
-from .expert_mlp import MXFP8ExpertMLP
+from .expert_mlp import MXFP8ExpertMLP, check_expert_ends
 
 __all__ = [
     "DispatchPlan",
@@ -102,41 +102,19 @@ def _combine(y: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
     return _from_byte_rows(_all_to_all_rows(received, plan.send_splits, plan.recv_splits, plan.group), y)
 
 
-class _Dispatch(torch.autograd.Function):
-    """Rows to their expert's rank, sorted by local expert; backward: :class:`_Combine`'s movement (copies
-    only, so the gradients are bit-exact)."""
+class _Exchange(torch.autograd.Function):
+    """Rows moved by ``there`` (:func:`_dispatch`: to their expert's rank, sorted by local expert;
+    :func:`_combine`: back to the rank and position their token came from); the backward moves the gradient
+    by ``back``, the other one. Copies only, so the gradients are bit-exact."""
 
     @staticmethod
-    def forward(ctx, x, plan):
-        ctx.plan = plan
-        return _dispatch(x, plan)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _combine(grad, ctx.plan), None
-
-
-class _Combine(torch.autograd.Function):
-    """Results back to the rank and the position their token came from; backward: :class:`_Dispatch`'s."""
-
-    @staticmethod
-    def forward(ctx, y, plan):
-        ctx.plan = plan
-        return _combine(y, plan)
+    def forward(ctx, x, plan, there, back):
+        ctx.plan, ctx.back = plan, back
+        return there(x, plan)
 
     @staticmethod
     def backward(ctx, grad):
-        return _dispatch(grad, ctx.plan), None
-
-
-def _check_ends(group_ends: torch.Tensor, num_experts: int) -> None:
-    if not isinstance(group_ends, torch.Tensor) or group_ends.dtype not in (torch.int32, torch.int64):
-        raise TypeError("group_ends must be an int64 or int32 tensor of cumulative token ends")
-    if group_ends.dim() != 1 or group_ends.numel() != num_experts:
-        raise ValueError(
-            f"group_ends must be 1-D with one cumulative end per expert ({num_experts}), got shape "
-            f"{tuple(group_ends.shape)}"
-        )
+        return ctx.back(grad, ctx.plan), None, None, None
 
 
 def dispatch_tokens(
@@ -162,7 +140,7 @@ def dispatch_tokens(
     world = dist.get_world_size(group)
     if num_experts % world:
         raise ValueError(f"num_experts ({num_experts}) must be a multiple of the world size ({world})")
-    _check_ends(group_ends, num_experts)
+    check_expert_ends(group_ends, num_experts)
     local = num_experts // world
     counts = ends_to_counts(group_ends.to(device=x.device, dtype=torch.int64)).view(world, local)
     send_splits = counts.sum(1).tolist()
@@ -178,7 +156,7 @@ def dispatch_tokens(
     plan = DispatchPlan(
         send_splits, recv_splits, recv_counts, order, counts_to_ends(recv_counts.sum(0)), group
     )
-    return _Dispatch.apply(x, plan), plan.local_ends, plan
+    return _Exchange.apply(x, plan, _dispatch, _combine), plan.local_ends, plan
 
 
 def combine_tokens(y_local: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
@@ -187,7 +165,7 @@ def combine_tokens(y_local: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
     ``x`` given to :func:`dispatch_tokens` (sorted by expert); differentiable with respect to ``y_local``."""
     if y_local.shape[0] != plan.order.numel():
         raise ValueError(f"y_local has {y_local.shape[0]} rows, the plan dispatched {plan.order.numel()}")
-    return _Combine.apply(y_local, plan)
+    return _Exchange.apply(y_local, plan, _combine, _dispatch)
 
 
 def single_process_order(counts: torch.Tensor) -> torch.Tensor:

@@ -355,9 +355,5 @@ __all__ = [
     "instruction_set",
     "is_available",
     "mx_tile_pairs",
-    "swiglu_group_grad",
-    "swiglu_bwd_mx_quant",
-    "clipped_swiglu",
-    "clipped_swiglu_grad",
-    "swiglu_mx_quant",
+    *sorted(KERNELS),
 ]

@@ -323,9 +323,5 @@ __all__ = [
     "BACKEND",
     "NAME",
     "is_available",
-    "swiglu_group_grad",
-    "clipped_swiglu",
-    "clipped_swiglu_grad",
-    "swiglu_bwd_mx_quant",
-    "swiglu_mx_quant",
+    *sorted(KERNELS),
 ]
