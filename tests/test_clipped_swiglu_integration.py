@@ -307,7 +307,9 @@ def test_mx_defaults_stay_plain_swiglu_and_scale_alg_none_is_rcel():
         for g, w in zip(got, plain, strict=True):
             assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
     op = ops.swiglu_backward_mx_quant_dual_axis(x, dy, scale_alg=None, backend="reference")
-    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(op, plain, strict=True))
+    assert all(
+        torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(op[:4], plain, strict=True)
+    )
     torch.library.opcheck(
         ops.swiglu_backward_mx_quant_dual_axis.default,
         (x, dy, torch.tensor([10, 40])),

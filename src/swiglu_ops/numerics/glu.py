@@ -163,22 +163,35 @@ def backward(a: torch.Tensor, b: torch.Tensor, dy: torch.Tensor, glu: GluParams)
     return torch.where(a_ok, da, zero), torch.where(b_ok, db, zero)
 
 
-def forward_rounded(x: torch.Tensor, glu: GluParams) -> torch.Tensor:
+def _row_weight(weight: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` (fp32, one per row of x's flattened leading dims) as a column to multiply rows by."""
+    return None if weight is None else weight.reshape(*x.shape[:-1], 1)
+
+
+def forward_rounded(x: torch.Tensor, glu: GluParams, weight: torch.Tensor | None = None) -> torch.Tensor:
     """The activation of ``x [..., 2N]`` (A and B taken by ``glu``): :func:`forward` in fp32, rounded once to
     x's dtype (RNE, no saturation: an fp16 result above 65504 becomes inf). The dual-axis forward
-    operator's stage 1."""
+    operator's stage 1. With a routing ``weight`` (fp32, one per row) the fp32 activation is multiplied by
+    its row's weight as the last fp32 operation, after every mask and select, then rounded (spec 7.1)."""
     a_cols, b_cols = split_columns(x.shape[-1], glu)
     xf = x.float()
-    return forward(xf[..., a_cols], xf[..., b_cols], glu).to(x.dtype)
+    act = forward(xf[..., a_cols], xf[..., b_cols], glu)
+    w = _row_weight(weight, x)
+    return (act if w is None else act * w).to(x.dtype)
 
 
-def backward_rounded(x: torch.Tensor, dy: torch.Tensor, glu: GluParams) -> torch.Tensor:
+def backward_rounded(
+    x: torch.Tensor, dy: torch.Tensor, glu: GluParams, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """The gradient of ``x [..., 2N]`` for ``dy [..., N]`` in x's column layout (the gradient of column j of
     x is in column j): :func:`backward` in fp32, rounded once to x's dtype. The dual-axis backward
-    operator's stage 1."""
+    operator's stage 1; a routing ``weight`` multiplies both fp32 halves as their last operation."""
     a_cols, b_cols = split_columns(x.shape[-1], glu)
     xf = x.float()
     grad_a, grad_b = backward(xf[..., a_cols], xf[..., b_cols], dy.float(), glu)
+    w = _row_weight(weight, x)
+    if w is not None:
+        grad_a, grad_b = grad_a * w, grad_b * w
     grad = torch.empty_like(xf)
     grad[..., a_cols] = grad_a
     grad[..., b_cols] = grad_b

@@ -83,10 +83,12 @@ def _check_outs(op: OpDef, plan, out, device) -> list:
     names = op.out_names()
     if len(op.outputs) == 1:
         given = [out]
-    else:
-        if not isinstance(out, (tuple, list)) or len(out) != len(op.outputs):
-            raise TypeError(f"out must be a ({', '.join(o.name for o in op.outputs)}) tuple")
-        given = list(out)
+    else:  # as many as the public function returns: an absent dropped output takes no slot
+        kept = [o for o, s in zip(op.outputs, plan.outputs, strict=True) if s is not None or not o.dropped]
+        if not isinstance(out, (tuple, list)) or len(out) != len(kept):
+            raise TypeError(f"out must be a ({', '.join(o.name for o in kept)}) tuple")
+        slots = iter(out)
+        given = [next(slots) if o in kept else None for o in op.outputs]
     outs = []
     for name, t, spec in zip(names, given, plan.outputs, strict=True):
         if spec is None:

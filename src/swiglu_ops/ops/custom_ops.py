@@ -15,6 +15,8 @@ return None); the public functions return None there. Also here: ``torch.ops.swi
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..numerics import mx
@@ -24,10 +26,18 @@ from .table import OPERATORS, REQUIRED, OpDef
 _DEVICES = ("cpu", "cuda")
 
 
+def schema_params(op: OpDef) -> list:
+    """The row's parameters in schema order: torch.library takes no keyword-only tensor, so a keyword-only
+    tensor of the public function (the MX operators' ``weight``) is positional here, after the others."""
+    tensors = [p for p in op.params if p.is_tensor]
+    return tensors + [p for p in op.params if not p.is_tensor]
+
+
 def schema(op: OpDef) -> str:
     """The custom op's schema, from the row."""
     parts, seen_kw = [], False
-    for p in op.params:
+    for p in schema_params(op):
+        p = p if not p.is_tensor else dataclasses.replace(p, kw_only=False)
         if p.kw_only and not seen_kw:
             parts.append("*")
             seen_kw = True
@@ -58,13 +68,14 @@ def _first_tensor(op: OpDef, args: dict) -> torch.Tensor:
 
 
 def _register(op: OpDef) -> None:
-    names = [p.name for p in op.params]
+    params = schema_params(op)
+    names = [p.name for p in params]
 
     def bind(args, kwargs):
         """The dispatcher's arguments as the public function's values, and the backend."""
         values = dict(zip(names, args, strict=False)) | kwargs
         backend = values.pop("backend", "auto")
-        for p in op.params[len(args) :]:
+        for p in params[len(args) :]:
             values.setdefault(p.name, p.default if p.to_schema is None else p.to_schema(p.default))
         return _values(op, values), backend
 

@@ -153,6 +153,22 @@ def _mx_outs(outs, batch, m, views):
     return [t.view(torch.uint8).view(batch, *v) for t, v in zip(outs, views, strict=True)]
 
 
+def _grad_weight_spec(weight):
+    """The backward MX operator's fifth output: grad_weight in weight's shape, fp32 (absent without it)."""
+    return None if weight is None else (tuple(weight.shape), torch.float32)
+
+
+def _weight_args(weight, grad_weight, rows: int) -> dict:
+    """The kernel contract's routing-weight keywords: ``weight`` [rows] fp32 (and the backward's
+    ``grad_weight`` [rows]); none without a weight, so that the unweighted call is today's."""
+    if weight is None:
+        return {}
+    args = dict(weight=_flat(weight, rows))
+    if grad_weight is not None:
+        args["grad_weight"] = grad_weight.view(rows)
+    return args
+
+
 def _zero_mxscale2(outs) -> None:
     outs[3].view(torch.uint8).zero_()  # M == 0: mxscale2 keeps its rows, zero-filled (contract section 2)
 
@@ -298,11 +314,8 @@ SWIGLU_GROUP_GRAD = OpDef(
 
 #: What both MX rows share: their outputs, group convention and compile rule (Inductor has no kernels for
 #: float8_e8m0fnu / float4 copies, so out= is refused inside torch.compile).
-_MX_ROW = dict(
-    outputs=(Output("y1"), Output("mxscale1"), Output("y2"), Output("mxscale2")),
-    groups=ENDS,
-    compile_out=False,
-)
+_MX_OUTPUTS = (Output("y1"), Output("mxscale1"), Output("y2"), Output("mxscale2"))
+_MX_ROW = dict(groups=ENDS, compile_out=False)
 #: Their last parameters: CANN's reserved max_dtype_value, then the GLU parameters both take beyond CANN
 #: (stage 1 = the GPT-OSS clipped SwiGLU) and the token-contiguous y2.
 _MX_TAIL = (
@@ -312,12 +325,14 @@ _MX_TAIL = (
     Param("bias", "float?", None, kw_only=True),
     Param("interleaved", "bool", False, kw_only=True),
     Param("transpose_y2", "bool", False, kw_only=True),
+    # the router's probability of every row, multiplied into stage 1 (spec 7.1; a library extension)
+    Param("weight", "Tensor?", None, kw_only=True),
 )
 
 
 def _plan_bwd_mx(
     x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha,
-    bias, interleaved, transpose_y2,
+    bias, interleaved, transpose_y2, weight,
 ) -> Plan:  # fmt: skip
     scale_alg = V.bwd_mx_scale_alg(scale_alg)
     fmt = V.validate_mx_quant(
@@ -327,7 +342,8 @@ def _plan_bwd_mx(
     glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
     *lead, m, c = x.shape
     batch = math.prod(lead)
-    outputs = tuple(V.mx_output_specs(x, group_index, dst_dtype, transpose_y2))
+    V.check_weight(weight, x, batch * m)
+    outputs = (*V.mx_output_specs(x, group_index, dst_dtype, transpose_y2), _grad_weight_spec(weight))
 
     def launch(kernel, outs):
         views = ((m, c), (m, c // 32), (c, m) if transpose_y2 else (m, c), (outs[3].shape[-3], c, 2))
@@ -338,11 +354,12 @@ def _plan_bwd_mx(
             glu,
             int(scale_alg),
             fmt,
-            *_mx_outs(outs, batch, m, views),
+            *_mx_outs(outs[:4], batch, m, views),
             transpose_y2=transpose_y2,
+            **_weight_args(weight, outs[4], batch * m),
         )
 
-    inputs = dict(x=x, y_grad=y_grad, group_index=group_index)
+    inputs = dict(x=x, y_grad=y_grad, group_index=group_index, weight=weight)
     return Plan(x.device, x.dtype, outputs, inputs, launch if batch * m else None, _zero_mxscale2)
 
 
@@ -389,6 +406,7 @@ SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS = OpDef(
         Param("dst_dtype", "ScalarType", torch.float8_e4m3fn, kw_only=True),
         *_MX_TAIL,
     ),
+    outputs=(*_MX_OUTPUTS, Output("grad_weight", when="weight", dropped=True)),
     plan=_plan_bwd_mx,
     doc=_DOC_BWD_MX,
     example=_example_bwd_mx,
@@ -398,7 +416,7 @@ SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS = OpDef(
 
 def _plan_fwd_mx(
     x, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha, bias,
-    interleaved, transpose_y2,
+    interleaved, transpose_y2, weight,
 ) -> Plan:  # fmt: skip
     fmt, scale_alg, mode, glu = V.validate_mx_forward(
         x, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha, bias,
@@ -407,6 +425,7 @@ def _plan_fwd_mx(
     V.check_transpose_y2(transpose_y2, fmt)
     *lead, m, c = x.shape
     batch, n = math.prod(lead), c // 2
+    V.check_weight(weight, x, batch * m)
     outputs = tuple(V.mx_forward_output_specs(x, group_index, fmt, transpose_y2))
 
     def launch(kernel, outs):
@@ -426,9 +445,10 @@ def _plan_fwd_mx(
             mode,
             *_mx_outs(outs, batch, m, views),
             transpose_y2=transpose_y2,
+            **_weight_args(weight, None, batch * m),
         )
 
-    inputs = dict(x=x, group_index=group_index)
+    inputs = dict(x=x, group_index=group_index, weight=weight)
     return Plan(x.device, x.dtype, outputs, inputs, launch if batch * m else None, _zero_mxscale2)
 
 
@@ -488,6 +508,7 @@ SWIGLU_MX_QUANT_DUAL_AXIS = OpDef(
         ),  # fmt: skip
         *_MX_TAIL,
     ),
+    outputs=_MX_OUTPUTS,
     plan=_plan_fwd_mx,
     doc=_DOC_FWD_MX,
     example=_example_fwd_mx,

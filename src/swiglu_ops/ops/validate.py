@@ -146,6 +146,25 @@ def check_tensor(name: str, t, *, optional: bool = False) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def check_weight(weight, x: torch.Tensor, rows: int, name: str = "weight") -> None:
+    """A routing weight of the MX operators (spec 7.1): float32, ``numel == rows`` (any shape), on x's
+    device; None passes. A weight that requires grad is accepted (the operators read its values)."""
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a float32 torch.Tensor (one per row) or None, got {type(weight).__name__}"
+        )
+    if weight.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {weight.dtype}")
+    if weight.numel() != rows:
+        raise ValueError(
+            f"{name} must have numel == rows = {rows} (one per row of x's flattened leading dims), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    check_device(x, **{name: weight})
+
+
 def check_data_pair(first: str, a, second: str, b) -> None:
     """Two data tensors: ``a`` bf16, fp16 or fp32, ``b`` of a's dtype."""
     check_tensor(first, a)

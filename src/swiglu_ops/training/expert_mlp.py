@@ -315,8 +315,8 @@ def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) 
 # ------------------------------------------------------------------------------------ autograd function
 
 
-def _fused_backward(h, dact, ends, glu_kwargs, backend):
-    return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, backend=backend)
+def _fused_backward(h, dact, ends, glu_kwargs, backend, probs=None):
+    return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, weight=probs, backend=backend)
 
 
 def _row_experts(ends: torch.Tensor, m: int) -> torch.Tensor:
@@ -335,7 +335,7 @@ def _group_sums(v: torch.Tensor, experts: torch.Tensor, num_experts: int) -> tor
 class _ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, x, w1, w2, ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture, b1, b2
+        ctx, x, w1, w2, ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture, b1, b2, probs
     ):
         glu_kwargs = dict(limit=limit, alpha=alpha, bias=bias, interleaved=interleaved)
         offs = ends.to(torch.int32)
@@ -345,7 +345,7 @@ class _ExpertMLPFunction(torch.autograd.Function):
         if b1 is not None:  # the linear bias of GEMM 1, added to its bf16 result (HF's grouped_mm does that)
             h = h + b1[experts]
         if quantize:
-            act = api.swiglu_mx_quant_dual_axis(h, ends, **glu_kwargs, backend=backend)
+            act = api.swiglu_mx_quant_dual_axis(h, ends, **glu_kwargs, weight=probs, backend=backend)
             w2q = quantize_mx_rowwise(w2.transpose(-2, -1))  # [E, d, H]: blocks along H
             out = _mm_rows(path, act[:2], w2q, ends, offs)  # GEMM 2
             saved = act[2:]  # y2, mxscale2: the wgrad operand of W2
@@ -353,12 +353,12 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 capture.update(gemm=path, h=h, act=act, w2q=w2q)
         else:
             glu = V.mx_glu_params(True, interleaved, limit, alpha, bias)
-            act = glu_math.forward_rounded(h, glu)
+            act = glu_math.forward_rounded(h, glu, probs)  # the router's probabilities: the last fp32 op
             out = _grouped_mm(act, w2, offs)
             saved = (act,)
         if b2 is not None:
             out = out + b2[experts]
-        ctx.save_for_backward(x, w1, w2, ends, h, experts, *saved)
+        ctx.save_for_backward(x, w1, w2, ends, h, experts, probs, *saved)
         ctx.glu_kwargs, ctx.quantize, ctx.backend, ctx.path = glu_kwargs, quantize, backend, path
         ctx.capture = capture
         return out
@@ -366,12 +366,13 @@ class _ExpertMLPFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        x, w1, w2, ends, h, experts, *saved = ctx.saved_tensors
+        x, w1, w2, ends, h, experts, probs, *saved = ctx.saved_tensors
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
-        need_b1, need_b2 = ctx.needs_input_grad[12:]
+        need_b1, need_b2, need_probs = ctx.needs_input_grad[12:]
+        need_dh = need_x or need_w1 or need_b1 or need_probs
         dout = dout.to(_BF16).contiguous()
         offs = ends.to(torch.int32)
-        dx = dw1 = dw2 = db1 = None
+        dx = dw1 = dw2 = db1 = dprobs = None
         # b2's gradient: the per-expert sum of the bf16 dout (the unquantised operand, as in GEMM 3)
         db2 = _group_sums(dout, experts, w1.shape[0]) if need_b2 else None
         if not ctx.quantize:
@@ -379,13 +380,16 @@ class _ExpertMLPFunction(torch.autograd.Function):
             glu = V.mx_glu_params(True, **ctx.glu_kwargs)
             if need_w2:
                 dw2 = _grouped_mm(act.t(), dout, offs)
-            if need_x or need_w1 or need_b1:
+            if need_dh:
                 dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)
-                dh = glu_math.backward_rounded(h, dact, glu)
+                dh = glu_math.backward_rounded(h, dact, glu, probs)
                 dx = _grouped_mm(dh, w1.transpose(-2, -1), offs) if need_x else None
                 dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
                 db1 = _group_sums(dh, experts, w1.shape[0]) if need_b1 else None
-            return dx, dw1, dw2, *([None] * 9), db1, db2
+                if need_probs:  # dL/dprobs = sum_h dact * act16, act16 the unweighted activation (rounded)
+                    act16 = glu_math.forward_rounded(h, glu)
+                    dprobs = (dact.float() * act16.float()).sum(-1).view(probs.shape)
+            return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
         path, capture = ctx.path, ctx.capture
         blocks = _token_blocks(ends, x.shape[0])
@@ -394,9 +398,12 @@ class _ExpertMLPFunction(torch.autograd.Function):
             dw2 = _mm_tokens(path, tuple(saved), doutq, ends, offs, blocks)  # GEMM 4
             if capture is not None:
                 capture.update(doutq=doutq)
-        if need_x or need_w1 or need_b1:
+        if need_dh:
             dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)  # GEMM 3, bf16
-            dh = _fused_backward(h, dact, ends, ctx.glu_kwargs, ctx.backend)
+            dh = _fused_backward(h, dact, ends, ctx.glu_kwargs, ctx.backend, probs)
+            if probs is not None:  # the operator's fifth output: dL/dprobs (spec 7.1)
+                dprobs = dh[4].view(probs.shape) if need_probs else None
+                dh = dh[:4]
             if capture is not None:
                 capture.update(dact=dact, dh=dh)
             if need_x:
@@ -412,8 +419,8 @@ class _ExpertMLPFunction(torch.autograd.Function):
             if need_b1:  # b1 is W1's row for a constant-1 input: its gradient reads dh's wgrad operand y2
                 db1 = _group_sums(_dequantize_token_axis(dh[2], dh[3], blocks, ends), experts, w1.shape[0])
         if capture is not None:
-            capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2, db1=db1, db2=db2)
-        return dx, dw1, dw2, *([None] * 9), db1, db2
+            capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2, db1=db1, db2=db2, dprobs=dprobs)
+        return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
 
 def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2) -> None:
@@ -478,8 +485,10 @@ def mxfp8_expert_mlp(
     capture: dict | None = None,
     b1=None,
     b2=None,
+    probs=None,
 ):
-    """``SwiGLU(x @ w1[e] + b1[e]) @ w2[e] + b2[e]`` per expert, with the MXFP8 GEMMs of the module docstring.
+    """``(SwiGLU(x @ w1[e] + b1[e]) * probs) @ w2[e] + b2[e]`` per expert, with the MXFP8 GEMMs of the module
+    docstring.
 
     Args:
         x: ``[T, d]`` bf16, the tokens sorted by expert.
@@ -504,13 +513,34 @@ def mxfp8_expert_mlp(
             ``quantize=True`` ``dh`` exists only quantised, and b1 (W1's row for a constant-1 input) reads
             the wgrad operand of GEMM 6, ``dh``'s token-axis MXFP8 ``y2``, dequantised.
 
+        probs: the router's probability of every routed token row, fp32, numel T (``[T]`` or ``[T, 1]``), or
+            None. It multiplies the activation inside the fused forward operator (the last fp32 operation of
+            its stage 1), and its gradient is the fused backward operator's ``grad_weight``: the true
+            dL/dprobs, ``sum_h dact * act16`` with ``act16`` the unweighted activation rounded to bf16. With
+            ``quantize=False`` the same math, unfused.
+
     Returns:
-        ``[T, d]`` bf16. Differentiable with respect to x, w1, w2, b1 and b2 (never group_ends); no double
-        backward.
+        ``[T, d]`` bf16. Differentiable with respect to x, w1, w2, b1, b2 and probs (never group_ends); no
+        double backward.
     """
     _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2)
+    V.check_weight(probs, x, x.shape[0], name="probs")
     return _ExpertMLPFunction.apply(
-        x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, capture, b1, b2
+        x,
+        w1,
+        w2,
+        group_ends,
+        limit,
+        alpha,
+        bias,
+        interleaved,
+        quantize,
+        backend,
+        gemm,
+        capture,
+        b1,
+        b2,
+        probs,
     )
 
 
@@ -562,11 +592,17 @@ class MXFP8ExpertMLP(torch.nn.Module):
             self.w1.normal_(0.0, 1.0 / math.sqrt(self.w1.shape[1]))
             self.w2.normal_(0.0, 1.0 / math.sqrt(self.w2.shape[1]))
 
-    def forward(self, x: torch.Tensor, group_ends: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, group_ends: torch.Tensor, probs: torch.Tensor | None = None, *,
+        capture: dict | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``x [T, d]`` sorted by expert, ``group_ends`` their cumulative ends, ``probs`` (fp32, numel T, or
+        None) the router's probability of every row, applied inside the fused forward operator; returns
+        ``[T, d]`` bf16 (``probs.grad`` from the fused backward operator's ``grad_weight``)."""
         return mxfp8_expert_mlp(
             x.to(_BF16), self.w1.to(_BF16), self.w2.to(_BF16), group_ends, limit=self.limit,
             alpha=self.alpha, bias=self.bias, interleaved=self.interleaved, quantize=self.quantize,
-            backend=self.backend, gemm=self.gemm, capture=capture,
+            backend=self.backend, gemm=self.gemm, capture=capture, probs=probs,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
