@@ -52,7 +52,7 @@ def test_schemas_carry_the_attributes():
         "float? alpha",
         "float? bias",
         "bool interleaved",
-        "Tensor? weight",  # the routing weight: a positional Tensor? (torch.library has no keyword-only tensors)
+        "Tensor? weight",  # the routing weight, positional (torch.library has no keyword-only tensors)
         "str backend",
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",  # y1, mxscale1, y2, mxscale2, grad_weight
     ):
