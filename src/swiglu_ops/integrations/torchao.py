@@ -162,7 +162,12 @@ def _check_y2(y2, mxscale2, transposed: bool) -> tuple[torch.Tensor, torch.dtype
     n = mxscale2.shape[1]
     m = y2.shape[1] if transposed else y2.shape[0]
     if (y2.shape[0] if transposed else y2.shape[1]) != n:
-        hint = " (was y2 written with transpose_y2=True? then pass transposed=True)" if not transposed else ""
+        hint = (
+            " (a [M, N] y2? write it with transpose_y2=True, or give it to tokenwise_mxtensors with "
+            "transposed=False, copy_data=True)"
+            if transposed
+            else " (was y2 written with transpose_y2=True? then pass transposed=True)"
+        )
         raise ValueError(
             f"y2 of shape {tuple(y2.shape)} does not match mxscale2's N = {n}: expected "
             f"{'[N, M]' if transposed else '[M, N]'}{hint}"
