@@ -34,8 +34,8 @@ GPU tensor): the groups' sizes decide the views' shapes.
 ``dequantize()`` of each result equals :func:`swiglu_ops.mx_dequantize` bitwise (same dtype; for a group, the
 transpose of its rows). torchao's emulated MX matmul (``kernel_preference=KernelPreference.EMULATED``, the
 default here: ``torch.mm(a, b)`` on MXTensors dequantizes both to ``orig_dtype`` and multiplies) runs on CPU;
-``KernelPreference.AUTO`` is its CUDA path (``torch._scaled_mm`` for FP8, CUTLASS ``F.scaled_mm`` for FP4,
-which needs a Blackwell-class GPU). See ``docs/integration.md`` section 15.
+``KernelPreference.AUTO`` is its CUDA path (``torch._scaled_mm`` for FP8, ``F.scaled_mm`` for FP4: MX block
+scaling, a Blackwell-class GPU; not run here). See ``docs/integration.md`` section 15.
 """
 
 from __future__ import annotations
