@@ -10,6 +10,9 @@
   ``model.set_experts_implementation(...)``) for GPT-OSS and plain-SwiGLU MoE models such as Qwen3-MoE.
   It imports transformers, so it is loaded on first access (``swiglu_ops.integrations.hf`` or
   ``import swiglu_ops.integrations.hf``), never by ``import swiglu_ops``.
+- :mod:`swiglu_ops.integrations.torchao`: the dual-axis MX outputs as torchao ``MXTensor`` s sharing the
+  data's storage (``rowwise_mxtensor``, ``tokenwise_mxtensor``, ``tokenwise_mxtensors``; ``pip install
+  "swiglu-ops[torchao]"``); loaded on first access like ``hf``.
 
 Nothing here imports an optional dependency at import time: each integration imports its library when it is
 used.
@@ -21,13 +24,13 @@ import importlib
 
 from .gpt_oss import is_patched, patch_gpt_oss
 
-__all__ = ["patch_gpt_oss", "is_patched"]  # not "hf": a star import must not need transformers
+__all__ = ["patch_gpt_oss", "is_patched"]  # not "hf"/"torchao": a star import must not need them
 
-_LAZY = ("hf",)
+_LAZY = ("hf", "torchao")
 
 
 def __getattr__(name: str):
-    """``swiglu_ops.integrations.hf``: imported (with transformers) on first access."""
+    """``swiglu_ops.integrations.hf`` / ``.torchao``: imported (with their library) on first access."""
     if name in _LAZY:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
