@@ -23,6 +23,9 @@ from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_ax
 from .ops.table import PUBLIC
 from .training.expert_mlp import MXFP8ExpertMLP, expert_mlp_reference
 
+#: What the demo compares: the output, the gradients of x, W1, W2 and the router (through the probabilities).
+GRADIENTS = ("out", "dx", "dW1", "dW2", "router")
+
 #: The GPT-OSS clipped SwiGLU (openai/gpt-oss, Hugging Face GptOssExperts).
 GPT_OSS = dict(limit=7.0, alpha=1.702, bias=1.0, interleaved=True)
 
@@ -50,35 +53,63 @@ def _time(fn, repeats: int) -> float:
 
 def make_moe_problem(tokens_per_expert, d_model: int, hidden: int, glu: dict, seed: int = 0):
     """Synthetic regression: tokens ``x [T, d]`` sorted by expert, their cumulative ends, and targets from a
-    random teacher expert MLP of the same shape and activation (computed exactly, in float64)."""
+    random teacher expert MLP of the same shape and activation whose outputs are scaled by the teacher
+    router's probabilities (computed exactly, in float64)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(sum(tokens_per_expert), d_model, generator=gen)
     ends = torch.tensor(tokens_per_expert).cumsum(0)
     e = len(tokens_per_expert)
     w1 = torch.randn(e, d_model, 2 * hidden, generator=gen, dtype=torch.float64) * 2.0 / d_model**0.5
     w2 = torch.randn(e, hidden, d_model, generator=gen, dtype=torch.float64) / hidden**0.5
-    target = expert_mlp_reference(x.double(), w1, w2, ends, **glu).float()
+    router = torch.randn(d_model, generator=gen, dtype=torch.float64) / d_model**0.5
+    probs = torch.sigmoid(x.double() @ router)
+    target = expert_mlp_reference(x.double(), w1, w2, ends, **glu, probs=probs).float()
     return x, ends, target
 
 
-def _loss_and_grads(model: MXFP8ExpertMLP, x, ends, target):
-    """MSE loss and its gradients (output, dx, dW1, dW2) at the model's current weights."""
+class RoutedExperts(torch.nn.Module):
+    """The demo's model: a router (one logit per token, its probability ``sigmoid(x r)``, fp32) and the
+    experts (:class:`MXFP8ExpertMLP`), whose fused forward operator multiplies each token's activation by its
+    probability; the router's gradient comes from the fused backward operator's ``grad_weight``."""
+
+    def __init__(self, experts: MXFP8ExpertMLP):
+        super().__init__()
+        self.experts = experts
+        self.router = torch.nn.Parameter(torch.zeros(experts.w1.shape[1]))
+
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x.float() @ self.router)
+
+    def forward(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, ends, self.probs(x))
+
+
+def _loss_and_grads(model: RoutedExperts, x, ends, target):
+    """MSE loss and its gradients (output, dx, dW1, dW2, d router) at the model's current weights."""
     model.zero_grad()
     xr = x.detach().to(torch.bfloat16).requires_grad_()
     out = model(xr, ends)
     loss = torch.nn.functional.mse_loss(out.float(), target)
     loss.backward()
-    return loss.item(), (out.detach(), xr.grad, model.w1.grad.clone(), model.w2.grad.clone())
+    e = model.experts
+    return loss.item(), (
+        out.detach(),
+        xr.grad,
+        e.w1.grad.clone(),
+        e.w2.grad.clone(),
+        model.router.grad.clone(),
+    )
 
 
-def _exact_grads(model: MXFP8ExpertMLP, x, ends, target, glu: dict):
+def _exact_grads(model: RoutedExperts, x, ends, target, glu: dict):
     """The same at the same (bf16) weights in float64, nothing rounded or quantised."""
     x64 = x.to(torch.bfloat16).double().requires_grad_()
-    w1 = model.w1.detach().to(torch.bfloat16).double().requires_grad_()
-    w2 = model.w2.detach().to(torch.bfloat16).double().requires_grad_()
-    out = expert_mlp_reference(x64, w1, w2, ends, **glu)
+    w1 = model.experts.w1.detach().to(torch.bfloat16).double().requires_grad_()
+    w2 = model.experts.w2.detach().to(torch.bfloat16).double().requires_grad_()
+    router = model.router.detach().double().requires_grad_()
+    out = expert_mlp_reference(x64, w1, w2, ends, **glu, probs=torch.sigmoid(x64 @ router))
     torch.nn.functional.mse_loss(out, target.double()).backward()
-    return out.detach(), x64.grad, w1.grad, w2.grad
+    return out.detach(), x64.grad, w1.grad, w2.grad, router.grad
 
 
 def compare_training(tokens, d_model: int, hidden: int, glu: dict, steps: int, lr: float, backend: str):
@@ -87,8 +118,8 @@ def compare_training(tokens, d_model: int, hidden: int, glu: dict, steps: int, l
     x, ends, target = make_moe_problem(tokens, d_model, hidden, glu)
     torch.manual_seed(1)
     models = {
-        "bf16": MXFP8ExpertMLP(len(tokens), d_model, hidden, **glu, quantize=False, backend=backend),
-        "mxfp8": MXFP8ExpertMLP(len(tokens), d_model, hidden, **glu, quantize=True, backend=backend),
+        name: RoutedExperts(MXFP8ExpertMLP(len(tokens), d_model, hidden, **glu, quantize=q, backend=backend))
+        for name, q in (("bf16", False), ("mxfp8", True))
     }
     models["mxfp8"].load_state_dict(models["bf16"].state_dict())
     exact = _exact_grads(models["bf16"], x, ends, target, glu)
@@ -96,7 +127,7 @@ def compare_training(tokens, d_model: int, hidden: int, glu: dict, steps: int, l
     errors = {
         what: (_rel(grads["mxfp8"][i], grads["bf16"][i]), _rel(grads["bf16"][i], exact[i]),
                _rel(grads["mxfp8"][i], exact[i]))
-        for i, what in enumerate(("out", "dx", "dW1", "dW2"))
+        for i, what in enumerate(GRADIENTS)
     }  # fmt: skip
     losses, step_time = {}, {}
     for name, model in models.items():
@@ -112,6 +143,35 @@ def compare_training(tokens, d_model: int, hidden: int, glu: dict, steps: int, l
         step_time[name] = sorted(durations)[len(durations) // 2] if durations else float("nan")
         losses[name] = history
     return errors, losses, step_time
+
+
+def _plot_demo(results: dict, path: str) -> bool:
+    """The loss curves (bf16 and MXFP8) and the error table of each activation, as one picture."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(2, len(results), figsize=(6 * len(results), 7), squeeze=False)
+    for col, (title, (errors, losses)) in enumerate(results.items()):
+        ax = axes[0][col]
+        for name, history in losses.items():
+            ax.plot(range(1, len(history) + 1), history, label=name)
+        ax.set(title=title, xlabel="step", ylabel="MSE loss", yscale="log")
+        ax.legend()
+        table = axes[1][col]
+        table.axis("off")
+        cells = [[what, *(f"{v:.4f}" for v in vals)] for what, vals in errors.items()]
+        table.table(
+            cellText=cells, colLabels=["", "MXFP8 vs bf16", "bf16 vs exact", "MXFP8 vs exact"], loc="center"
+        ).scale(1, 1.4)
+        table.set_title("relative error at the initial weights (exact: float64)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def demo(argv=None) -> int:
@@ -135,6 +195,11 @@ def demo(argv=None) -> int:
         default=1,
         help="torch threads while training (default 1: the problem is small; docs/integration.md)",
     )
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="save the loss curves and the error table as a picture (needs matplotlib)",
+    )
     args = p.parse_args(argv)
     if args.hidden % 32 or args.d_model % 8:
         p.error("--hidden must be a multiple of 32 and --d-model of 8")
@@ -145,12 +210,13 @@ def demo(argv=None) -> int:
         f"{len(args.tokens)} experts, tokens per expert {args.tokens}"
     )
     print(
-        "MXFP8 run: act = swiglu_mx_quant_dual_axis(x W1), dh = swiglu_backward_mx_quant_dual_axis(h, dact); "
-        "GEMMs out = act W2,\n  dW2 = act^T dout, dx = dh W1^T, dW1 = x^T dh on MXFP8 operands (E4M3 + E8M0, "
-        "32-blocks; emulated on CPU); x W1 and dout W2^T in bf16"
+        "MXFP8 run: act = swiglu_mx_quant_dual_axis(x W1, weight=probs), dh, d probs = "
+        "swiglu_backward_mx_quant_dual_axis(h, dact, weight=probs);\n  GEMMs out = act W2, dW2 = act^T dout, "
+        "dx = dh W1^T, dW1 = x^T dh on MXFP8 operands (E4M3 + E8M0, 32-blocks; emulated on CPU);\n  x W1 and "
+        "dout W2^T in bf16. probs = sigmoid(x r), a router: its gradient flows through the operators' weight"
     )
     variants = {"SwiGLU": {}, "GPT-OSS (limit 7, alpha 1.702, bias 1, interleaved)": GPT_OSS}
-    step_times = {}
+    step_times, results = {}, {}
     threads = torch.get_num_threads()
     for title, glu in variants.items():
         _progress(f"training {title}: bf16 and MXFP8, {args.steps} steps each")
@@ -162,11 +228,13 @@ def demo(argv=None) -> int:
         finally:
             torch.set_num_threads(threads)
         step_times[title] = step_time
+        results[title] = (errors, losses)
         print(f"\n== {title} ==")
         print("relative error (Frobenius) at the initial weights; exact = float64 MLP, nothing rounded")
         print(f"{'':>6} {'MXFP8 vs bf16':>14} {'bf16 vs exact':>14} {'MXFP8 vs exact':>15}")
         for what, (mx_bf, bf_ex, mx_ex) in errors.items():
             print(f"{what:>6} {mx_bf:>14.4f} {bf_ex:>14.4f} {mx_ex:>15.4f}")
+        print("(router: the gradient of the router's weights, through the operators' grad_weight)")
         print(f"training loss (MSE, Adam lr {args.lr}):")
         print(f"{'step':>6} {'bf16':>10} {'MXFP8':>10} {'rel. diff':>10}")
         shown = sorted({*range(0, args.steps, max(1, args.steps // 6)), args.steps - 1})
@@ -204,6 +272,10 @@ def demo(argv=None) -> int:
     for title, st in step_times.items():
         print(
             f"  {title.split(' (')[0]:>8}: bf16 {st['bf16'] * 1e3:.1f} ms, MXFP8 {st['mxfp8'] * 1e3:.1f} ms"
+        )
+    if args.plot:
+        print(
+            f"picture: {args.plot}" if _plot_demo(results, args.plot) else "no picture: matplotlib is missing"
         )
     print(f"\ndone in {time.perf_counter() - t_all:.1f} s")
     return 0

@@ -618,11 +618,23 @@ class MXFP8ExpertMLP(torch.nn.Module):
 
 
 def expert_mlp_reference(
-    x, w1, w2, group_ends, *, limit=None, alpha=None, bias=None, interleaved=False, b1=None, b2=None
+    x,
+    w1,
+    w2,
+    group_ends,
+    *,
+    limit=None,
+    alpha=None,
+    bias=None,
+    interleaved=False,
+    b1=None,
+    b2=None,
+    probs=None,
 ):
     """The same expert MLP as plain differentiable torch ops in the inputs' dtype (use float64): no
     quantisation, no intermediate rounding. GPT-OSS: ``min(g, L) * sigmoid(alpha * min(g, L)) *
-    (clip(u, -L, L) + bias)``, with its linear biases ``b1``/``b2`` when given. For checks and the demo."""
+    (clip(u, -L, L) + bias)``, with its linear biases ``b1``/``b2`` and the router's ``probs`` (one per row,
+    multiplying the activation) when given. For checks and the demo."""
     outs = []
     for g, (s, e) in enumerate(_ranges(group_ends)):
         h = x[s:e] @ w1[g] + (0.0 if b1 is None else b1[g])
@@ -632,5 +644,7 @@ def expert_mlp_reference(
         else:
             gate = gate.clamp(max=limit)
             act = gate * torch.sigmoid(alpha * gate) * (up.clamp(-limit, limit) + bias)
+        if probs is not None:
+            act = act * probs.reshape(-1, 1)[s:e]
         outs.append(act @ w2[g] + (0.0 if b2 is None else b2[g]))
     return torch.cat([x.new_zeros(0, w2.shape[-1]), *outs])
