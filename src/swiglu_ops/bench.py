@@ -66,12 +66,13 @@ class Case:
     dst: str = ""  # swiglu_mx_quant: the element format (default e4m3)
     isa: str = ""  # the cpu backend's instruction set ("": the machine's best)
     baselines: bool = True  # time the reference eager and compiled too
+    weighted: bool = False  # the MX operators with a routing weight (weight=, spec 7.1)
 
     @property
     def name(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
         extra = "".join(f" {v}" for v in (f"G={self.groups}" if self.groups else "", self.dst, self.isa) if v)
-        return f"{self.op} M={self.rows} 2H={self.cols} {dt}{extra}"
+        return f"{self.op} M={self.rows} 2H={self.cols} {dt}{extra}{' weighted' if self.weighted else ''}"
 
 
 @dataclass
@@ -91,6 +92,9 @@ class Result:
     eager_ms: float | None
     compiled_ms: float | None
     compiled_error: str = ""  # why the compiled baseline is missing (e.g. the C++ compiler failed)
+    unweighted_ms: float | None = (
+        None  # weighted cases: the same call without weight, timed in the same turns
+    )
     pct_roofline: float = field(init=False)
     pct_roofline_out: float = field(init=False)
     speedup_vs_compiled: float | None = field(init=False)
@@ -168,8 +172,10 @@ def _prepare(case: Case, gen: torch.Generator):
             dst = _DST[case.dst or "e4m3"]
             args, kwargs = (x, ends), {"dst_dtype": dst}
             fmt, width = mx.element_format(dst), c // 2
+        if case.weighted:
+            kwargs["weight"] = torch.rand(m, generator=gen) + 0.5
         outs = _call(case.op, args, kwargs, "cpu")
-        y1, s1, y2, s2 = (t.view(torch.uint8) for t in outs)
+        y1, s1, y2, s2 = (t.view(torch.uint8) for t in outs[:4])
         ybytes = width // 2 if fmt.packed else width
         scale_alg = 0 if fmt.packed else 1
         kernel_args = (
@@ -185,7 +191,7 @@ def _prepare(case: Case, gen: torch.Generator):
             y2.view(1, m, ybytes),
             s2.view(1, *s2.shape),
         )
-    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     nbytes = _nbytes(*inputs, *(outs if isinstance(outs, tuple) else (outs,)))
     return args, kwargs, kernel_args, outs, nbytes
 
@@ -239,14 +245,15 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
     _progress(f"{case.name}: fused cpu kernel and the copy roofline ({nbytes / 1e6:.0f} MB), in turns")
     with _isa(case.isa):
         isa = cpu.LIBRARY.isa
-        copy_ms, fused_ms, fused_out_ms = _time_in_turns_ms(
-            [
-                lambda: dst.copy_(src),
-                lambda: _call(case.op, args, kwargs, "cpu"),
-                lambda: _call(case.op, args, kwargs, "cpu", out=outs),
-            ],
-            repeats,
-        )
+        calls = [
+            lambda: dst.copy_(src),
+            lambda: _call(case.op, args, kwargs, "cpu"),
+            lambda: _call(case.op, args, kwargs, "cpu", out=outs),
+        ]
+        if case.weighted:  # the unweighted call in the same turns: the weight's cost, same minute of the host
+            plain = {k: v for k, v in kwargs.items() if k != "weight"}
+            calls.append(lambda: _call(case.op, args, plain, "cpu"))
+        copy_ms, fused_ms, fused_out_ms, *unweighted = _time_in_turns_ms(calls, repeats)
     eager_ms = compiled_ms = None
     compiled_error = ""
     if case.baselines:
@@ -277,6 +284,7 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
         eager_ms,
         compiled_ms,
         compiled_error,
+        unweighted[0] if unweighted else None,
     )
 
 
@@ -292,6 +300,8 @@ def default_cases(quick: bool, ops=OPS) -> list[Case]:
         for m in (256, 1024, 4096, 8192):
             cases.append(Case(op, m, 4096, bf16, label="size" if m != 8192 else "headline"))
         cases.append(Case(op, 8192, 4096, bf16, groups=8, label="8 uneven groups"))
+        if op in ("swiglu_bwd_mx_quant", "swiglu_mx_quant"):  # routing weights: beside the headline case
+            cases.append(Case(op, 8192, 4096, bf16, label="weighted", weighted=True, baselines=False))
         if op == "swiglu_mx_quant":
             cases.append(Case(op, 8192, 4096, bf16, dst="e2m1", label="fp4"))
         if op in ("swiglu_group_grad", "swiglu_bwd_mx_quant"):
@@ -344,7 +354,9 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
 
 
 def _case_name(r: Result) -> str:
-    extra = "".join(f" {v}" for v in (f"G={r.groups}" if r.groups else "", r.dst) if v)
+    extra = "".join(
+        f" {v}" for v in (f"G={r.groups}" if r.groups else "", r.dst, r.label == "weighted" and "w") if v
+    )
     return f"{r.op} {r.rows}x{r.cols} {r.dtype}{extra}"
 
 
@@ -368,6 +380,11 @@ def format_table(results: list[Result]) -> str:
     for r in results:
         if r.compiled_error:
             lines.append(f"compiled reference failed for {_case_name(r)}: {r.compiled_error}")
+        if r.unweighted_ms is not None:
+            lines.append(
+                f"{_case_name(r)} weighted: {r.fused_ms:.2f} ms vs {r.unweighted_ms:.2f} ms unweighted, in "
+                f"turns: x{r.fused_ms / r.unweighted_ms:.3f}"
+            )
     return "\n".join(lines)
 
 
