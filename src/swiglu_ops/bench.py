@@ -67,12 +67,14 @@ class Case:
     isa: str = ""  # the cpu backend's instruction set ("": the machine's best)
     baselines: bool = True  # time the reference eager and compiled too
     weighted: bool = False  # the MX operators with a routing weight (weight=, spec 7.1)
+    threads: int = 0  # torch threads while timed (0: as set)
 
     @property
     def name(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
         extra = "".join(f" {v}" for v in (f"G={self.groups}" if self.groups else "", self.dst, self.isa) if v)
-        return f"{self.op} M={self.rows} 2H={self.cols} {dt}{extra}{' weighted' if self.weighted else ''}"
+        tail = (" weighted" if self.weighted else "") + (f" threads={self.threads}" if self.threads else "")
+        return f"{self.op} M={self.rows} 2H={self.cols} {dt}{extra}{tail}"
 
 
 @dataclass
@@ -92,9 +94,9 @@ class Result:
     eager_ms: float | None
     compiled_ms: float | None
     compiled_error: str = ""  # why the compiled baseline is missing (e.g. the C++ compiler failed)
-    unweighted_ms: float | None = (
-        None  # weighted cases: the same call without weight, timed in the same turns
-    )
+    #: weighted cases: the same call without weight, timed in the same turns
+    unweighted_ms: float | None = None
+    threads: int = 0
     pct_roofline: float = field(init=False)
     pct_roofline_out: float = field(init=False)
     speedup_vs_compiled: float | None = field(init=False)
@@ -243,7 +245,8 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
     src = torch.ones(nbytes // 2, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
     dst = torch.empty_like(src)
     _progress(f"{case.name}: fused cpu kernel and the copy roofline ({nbytes / 1e6:.0f} MB), in turns")
-    with _isa(case.isa):
+    saved_threads = torch.get_num_threads()
+    with _isa(case.isa), _threads(case.threads):
         isa = cpu.LIBRARY.isa
         calls = [
             lambda: dst.copy_(src),
@@ -285,7 +288,48 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
         compiled_ms,
         compiled_error,
         unweighted[0] if unweighted else None,
+        case.threads or saved_threads,
     )
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """``torch.set_num_threads(n)`` inside the block (0: unchanged), restored after."""
+    saved = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+#: ``--sweep``: how the cost grows, per operator, bf16, no groups.
+SWEEP_ROWS = (1024, 4096, 16384, 65536)  # at 2H = 4096
+SWEEP_COLS = (
+    256,
+    1000,
+    2112,
+    4096,
+    8192,
+)  # at M = 8192; 1000 and 2112 are not multiples of 128 (1000: of 64)
+
+
+def sweep_cases(ops=OPS) -> list[Case]:
+    """Time and fraction of the copy roofline over M (1k-64k rows), 2H (256-8192, also sizes that are not
+    multiples of 64, where the operator takes them: the MX backward needs 2H % 64 == 0) and threads (1, 2,
+    all the cores this process may use)."""
+    bf16 = torch.bfloat16
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cases = []
+    for op in ops:
+        cases += [Case(op, m, 4096, bf16, label="sweep M", baselines=False) for m in SWEEP_ROWS]
+        cols = [c for c in SWEEP_COLS if op != "swiglu_bwd_mx_quant" or c % 64 == 0]
+        cols = [c for c in cols if op != "swiglu_mx_quant" or c % 4 == 0]  # FP8 takes any even 2H
+        cases += [Case(op, 8192, c, bf16, label="sweep 2H", baselines=False) for c in cols]
+        for t in sorted({1, 2, cores}):
+            cases.append(Case(op, 8192, 4096, bf16, label="sweep threads", baselines=False, threads=t))
+    return cases
 
 
 def default_cases(quick: bool, ops=OPS) -> list[Case]:
@@ -431,6 +475,41 @@ def _plot(results: list[Result], path: Path) -> bool:
     return True
 
 
+def _plot_sweep(results: list[Result], path: Path) -> bool:
+    """``--sweep``: ns per element over M, % of the copy roofline over 2H, speed-up over threads."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _progress("matplotlib is not installed: no plot")
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    isa = results[0].isa if results else ""
+    for op in OPS:
+        mine = [r for r in results if r.op == op]
+        by_m = sorted((r.rows, 1e6 * r.fused_ms / (r.rows * r.cols)) for r in mine if r.label == "sweep M")
+        by_c = sorted((r.cols, r.pct_roofline) for r in mine if r.label == "sweep 2H")
+        by_t = sorted((r.threads, r.fused_ms) for r in mine if r.label == "sweep threads")
+        if by_m:
+            axes[0].plot(*zip(*by_m, strict=True), "o-", label=op)
+        if by_c:
+            axes[1].plot(*zip(*by_c, strict=True), "o-", label=op)
+        if by_t:
+            axes[2].plot([t for t, _ in by_t], [by_t[0][1] / ms for _, ms in by_t], "o-", label=op)
+    axes[0].set(xscale="log", xlabel="M (rows), 2H = 4096", ylabel="ns per element of x")
+    axes[0].set_title(f"time per element ({isa})")
+    axes[1].set(xlabel="2H (M = 8192)", ylabel="% of copy roofline", title="fraction of the copy roofline")
+    axes[2].set(xlabel="threads (M = 8192, 2H = 4096)", ylabel="speed-up over 1 thread", title="threads")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="swiglu-ops bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny shapes, no torch.compile (smoke test)")
@@ -439,6 +518,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd reference")
     p.add_argument("--no-latency", action="store_true", help="skip the first-call latency subprocess")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="the operators to benchmark")
+    p.add_argument(
+        "--only", nargs="+", metavar="LABEL", help="only the cases with these labels (e.g. headline)"
+    )
+    p.add_argument(
+        "--sweep", action="store_true", help="how the cost grows over M, 2H and threads (bench_sweep.*)"
+    )
     args = p.parse_args(argv)
     ok, why = registry.backend_status("cpu", torch.device("cpu"))
     if not ok:
@@ -448,11 +533,14 @@ def main(argv=None) -> int:
     compile_reference = not (args.quick or args.no_compile)
     gen = torch.Generator().manual_seed(0)
     results = []
-    cases = default_cases(args.quick, args.ops)
+    cases = sweep_cases(args.ops) if args.sweep else default_cases(args.quick, args.ops)
+    if args.only:
+        cases = [c for c in cases if c.label in args.only]
+    compile_reference = compile_reference and not args.sweep
     for i, case in enumerate(cases, 1):
         _progress(f"[{i}/{len(cases)}] {case.name}")
         results.append(run_case(case, repeats=repeats, compile_reference=compile_reference, gen=gen))
-    latency = None if (args.quick or args.no_latency) else first_call_latency()
+    latency = None if (args.quick or args.no_latency or args.sweep) else first_call_latency()
     table = format_table(results)
     print(table)
     if latency:
@@ -464,7 +552,8 @@ def main(argv=None) -> int:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [asdict(r) for r in results]
-    with open(args.out / "bench_cpu.csv", "w", newline="") as f:
+    stem = "bench_sweep" if args.sweep else "bench_cpu"
+    with open(args.out / f"{stem}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -481,11 +570,11 @@ def main(argv=None) -> int:
         "quick": args.quick,
         "repeats": repeats,
     }
-    (args.out / "bench_cpu.json").write_text(
+    (args.out / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "results": rows, "first_call_latency": latency}, indent=2)
     )
-    plotted = _plot(results, args.out / "bench_cpu.png")
-    _progress(f"wrote bench_cpu.csv, bench_cpu.json{', bench_cpu.png' if plotted else ''} into {args.out}")
+    plotted = (_plot_sweep if args.sweep else _plot)(results, args.out / f"{stem}.png")
+    _progress(f"wrote {stem}.csv, {stem}.json{f', {stem}.png' if plotted else ''} into {args.out}")
     return 0 if all(math.isfinite(r.fused_ms) for r in results) else 1
 
 
