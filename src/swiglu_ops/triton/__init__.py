@@ -288,27 +288,52 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     return aligned, grid, (shape, glu_args, b_pad, tail), consts
 
 
-def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
+#: Rows per program of ``mx_grad_weight_kernel`` (the weighted backward's grad_weight over several programs).
+GRAD_WEIGHT_ROWS = 256
+
+
+def swiglu_bwd_mx_quant(
+    x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False, weight=None, grad_weight=None
+) -> None:
+    """With ``weight`` (spec 7.1; fp32 [B*M]) the gradients are scaled per row and ``grad_weight`` (fp32
+    [B*M]) is written: straight from the kernel where one program covers a row block's whole width, else
+    from per-program parts added in order by ``mx_grad_weight_kernel`` (deterministic, no atomics)."""
+    if (weight is None) != (grad_weight is None):
+        raise ValueError("weight and grad_weight come together or not at all")
     tensors = (dy, y1, s1, y2, s2)
     aligned, grid, args, consts = _mx_common(
         x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2
     )
     shape, glu_args, _b_pad, tail = args  # the backward pads B with 0 (dy = 0 zeroes its padding)
+    parts = None
+    if weight is not None:
+        consts.update(HAS_WEIGHT=True, GW_DIRECT=grid[1] == 1)
+        if grid[1] > 1:
+            parts = torch.empty((grad_weight.numel(), grid[1]), dtype=torch.float32, device=x.device)
     _kernels.swiglu_bwd_mx_quant_kernel[grid](
-        x, dy, group_ends, y1, s1, y2, s2, *shape, *glu_args, *tail, maxnreg=mx_maxnreg(aligned), **consts
-    )
+        x, dy, group_ends, y1, s1, y2, s2, weight, grad_weight if parts is None else parts, *shape, *glu_args,
+        *tail, maxnreg=mx_maxnreg(aligned), **consts,
+    )  # fmt: skip
+    if parts is not None:
+        rows = grad_weight.numel()
+        _kernels.mx_grad_weight_kernel[(triton.cdiv(rows, GRAD_WEIGHT_ROWS),)](
+            parts, grad_weight, rows, grid[1], BLOCK=GRAD_WEIGHT_ROWS, **LAUNCH_OPTIONS
+        )
 
 
 def swiglu_mx_quant(
-    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
+    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False, weight=None
 ) -> None:
+    """``weight`` (spec 7.1; fp32 [B*M] or None): stage 1 times the row's weight, last."""
     slots = s1.shape[-1]  # 2 * ceil(N / 64): the tiles cover the pad slot of an odd block count
     aligned, grid, args, consts = _mx_common(
         x, group_ends, glu, scale_alg, fmt, s2, (y1, s1, y2, s2), slots * 32, False, transpose_y2
     )
     shape, glu_args, b_pad, tail = args
+    if weight is not None:
+        consts["HAS_WEIGHT"] = True
     _kernels.swiglu_mx_quant_kernel[grid](
-        x, group_ends, y1, s1, y2, s2, *shape, slots, *glu_args, _bits(b_pad, x.dtype), *tail,
+        x, group_ends, y1, s1, y2, s2, weight, *shape, slots, *glu_args, _bits(b_pad, x.dtype), *tail,
         FP4=fmt.packed, ROUND=_kernels.ROUND_MODES[round_mode], maxnreg=mx_maxnreg(aligned), **consts,
     )  # fmt: skip
 
