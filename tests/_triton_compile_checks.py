@@ -129,8 +129,9 @@ def _mx_bwd_specs():
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             plain = aligned and not pad_select  # PLAIN_LOADS
             block_n = backend.mx_block_n(  # the launcher's tile
-                True, aligned, transpose, hw, interleaved=inter, clipped=clipped, plain=plain
-            )
+                True, aligned, transpose, hw, interleaved=inter, clipped=clipped, plain=plain,
+                weighted=weighted,
+            )  # fmt: skip
             consts = {k: None for k, v in wsig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=plain,
                           GROUPED=grouped, BLOCK_N=block_n,
@@ -260,7 +261,7 @@ def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
         backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
         consts["BLOCK_N"] = backend.mx_block_n(
             backward, aligned, consts["TRANSPOSE_Y2"], hw_cvt, interleaved=consts["INTERLEAVED"],
-            clipped=consts["CLIPPED"], plain=consts["PLAIN_LOADS"],
+            clipped=consts["CLIPPED"], plain=consts["PLAIN_LOADS"], weighted=bool(consts.get("HAS_WEIGHT")),
         )  # fmt: skip
     return consts
 

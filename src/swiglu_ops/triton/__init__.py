@@ -73,6 +73,11 @@ MX_GROUP_CHUNK = 128
 # variants below what their tile needs (168 registers and 40 bytes of spills for the interleaved clipped
 # backward, at 3 CTAs of 4 warps per SM); without a cap it takes up to 255 and 2 CTAs, and spills nothing.
 MX_MAXNREG = 255
+# The weighted backward (routing weight, spec 7.1) also forms the forward's activation for grad_weight: at
+# the tiles above ptxas spills (sm_90: 372 bytes for the wide chunked tile on the HW_CVT path, 20 for the
+# interleaved clipped GLU at 64 pairs), so it takes MX_BWD_BLOCK_N pairs, and 32 for the interleaved
+# clipped GLU.
+MX_BWD_WEIGHTED_INTERLEAVED_CLIPPED_BLOCK_N = 32
 # clipped_swiglu / clipped_swiglu_grad: a program takes CLIPPED_ROWS rows x CLIPPED_CHUNKS chunks of
 # CLIPPED_BLOCK pairs (a loop over the chunks).
 CLIPPED_ROWS = 4
@@ -193,7 +198,7 @@ def mx_maxnreg(aligned: bool) -> int | None:
 
 def mx_block_n(
     backward: bool, aligned: bool, transpose_y2: bool, hw_cvt: bool = False, *,
-    interleaved: bool = True, clipped: bool = False, plain: bool = False,
+    interleaved: bool = True, clipped: bool = False, plain: bool = False, weighted: bool = False,
 ) -> int:  # fmt: skip
     """The MX kernels' tile width (BLOCK_N): :data:`MX_BWD_BLOCK_N` pairs (backward; with ``hw_cvt``
     :data:`MX_BWD_CHUNKED_BLOCK_N` in the chunked layout with ``plain`` loads, unless the GLU is
@@ -202,10 +207,13 @@ def mx_block_n(
     per thread) and again for token-contiguous y2 on the integer path, whose ``tl.store`` has 64-bit
     addresses per code after a layout conversion: at the full width both spill on sm_100 (40-72 bytes).
     With ``hw_cvt`` the token-contiguous codes are stored by PTX from the tile's own layout
-    (``_store_y2_tokens``), and the tile keeps its width."""
+    (``_store_y2_tokens``), and the tile keeps its width. The ``weighted`` backward: never the wide tile,
+    and :data:`MX_BWD_WEIGHTED_INTERLEAVED_CLIPPED_BLOCK_N` pairs for the interleaved clipped GLU."""
     if backward:
-        wide = hw_cvt and plain and not interleaved and not (clipped and transpose_y2)
+        wide = hw_cvt and plain and not interleaved and not (clipped and transpose_y2) and not weighted
         block_n = MX_BWD_CHUNKED_BLOCK_N if wide else MX_BWD_BLOCK_N
+        if weighted and interleaved and clipped:
+            block_n = MX_BWD_WEIGHTED_INTERLEAVED_CLIPPED_BLOCK_N
     else:
         block_n = MX_BLOCK_N
     for narrow in (not aligned, transpose_y2 and not hw_cvt):
@@ -249,7 +257,9 @@ def plain_loads(n: int, aligned: bool) -> bool:
     return aligned and n % 32 == 0
 
 
-def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
+def _mx_common(
+    x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2, weighted=False
+):
     """Arguments both MX kernels share (the shape's, the GLU's, the format's and the tiling's, in the
     kernels' order; the forward adds its mxscale1 slots and the padding's B), whether the tensors are
     16-byte aligned, the grid and the constexprs. ``tile_pairs``: the pairs (forward: output columns, with
@@ -263,7 +273,7 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     plain = plain_loads(x.shape[-1] // 2, aligned)
     block_n = mx_block_n(
         backward, aligned, transpose_y2, _hw_cvt(), interleaved=glu.interleaved, clipped=glu.clipped,
-        plain=plain,
+        plain=plain, weighted=weighted,
     )  # fmt: skip
     n_tiles = triton.cdiv(tile_pairs, block_n)
     per_program = min(MX_TILES_PER_PROGRAM, n_tiles)
@@ -301,8 +311,9 @@ def swiglu_bwd_mx_quant(
     if (weight is None) != (grad_weight is None):
         raise ValueError("weight and grad_weight come together or not at all")
     tensors = (dy, y1, s1, y2, s2)
+    weighted = weight is not None
     aligned, grid, args, consts = _mx_common(
-        x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2
+        x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2, weighted
     )
     shape, glu_args, _b_pad, tail = args  # the backward pads B with 0 (dy = 0 zeroes its padding)
     parts = None
