@@ -16,10 +16,11 @@
    Routing weight (spec 7.1): stage 1 times w[row], the last fp32 operation before the rounding. The
    backward with a weight also returns grad_weight[row] = 0.0 + sum(dy * act16) over the row's pairs, act16
    the forward's unweighted stage 1 rounded to the dtype (its own activation table), in the same pass: each
-   task sums its rows' products per GW_PAIRS-pair block of the row (16 lanes in order, then a fixed tree over
-   the lanes), and a row's block sums are added in a fixed tree over the row's blocks (gw_tree), by the task
-   when it holds whole rows, else after all tasks from a scratch array. Tasks hold whole blocks (their pairs
-   are a multiple of GW_PAIRS), so the bits depend neither on the thread count nor on the cut of the rows. */
+   task sums its rows' products lane-wise per GW_PAIRS-pair block of the row (16 pairs at a time, in order),
+   and a row's block vectors are added lane-wise in a fixed tree over the row's blocks, then the 16 lanes in a
+   fixed tree (gw_row_sum), by the task when it holds whole rows, else after all tasks from a scratch array.
+   Tasks hold whole blocks (their pairs are a multiple of GW_PAIRS), so the bits depend neither on the
+   thread count nor on the cut of the rows. (A horizontal sum per block instead: +6 % of the stage-1 time.) */
 
 enum { MX_BLOCK = 32, GW_PAIRS = 128 };
 
@@ -54,13 +55,13 @@ typedef struct {
     float *col_recip;           /* per column of a segment: its column block's multiplier, */
     uint16_t *col_off, *col_keep; /* and fp8x32_block's offset and keep */
     uint8_t *y2t;               /* transpose_y2: a segment's codes, [row][column] */
-    float *gw;                  /* grad_weight: the block sums of the task's rows, [row][ts / GW_PAIRS] */
+    float *gw;                  /* grad_weight: the block sums of the task's rows, [row][ts / GW_PAIRS][16] */
 } mx_work;
 
 INLINE int mx_work_get(int64_t ts, mx_work *w) {
     const size_t cols = (size_t)(ts + 31) / 32 * 32; /* every array 64-byte aligned */
     const size_t tile = MX_BLOCK * cols * 4, amax = cols * 4, recip = cols * 4, off = cols * 2, y2t = MX_BLOCK * cols;
-    const size_t gw = MX_BLOCK * ((cols / GW_PAIRS + 16) / 16 * 16) * 4;
+    const size_t gw = MX_BLOCK * (cols / GW_PAIRS + 1) * 16 * 4;
     char *p = swiglu_thread_buffer(tile + amax + recip + 2 * off + y2t + gw);
     if (p == NULL) return 0;
     *w = (mx_work){p, p + tile, (float *)(p + tile + amax), (uint16_t *)(p + tile + amax + recip),
@@ -78,12 +79,13 @@ typedef struct {
     const swiglu_mx_args *a;
     const mx_block *blocks;
     act_fn act;
-    act_fn act_fwd;          /* backward with weight: the forward's activation (act16 of grad_weight) */
+    act_fn act_fwd;          /* backward with weight: the forward's activation (act16 of grad_weight), */
+    act_fn act_pair;         /* or, 16-bit inputs, both activations from one table of pairs */
     mx_format fmt;
     int64_t chunk, n_chunks; /* pairs per task, tasks per block of rows */
     int64_t width;           /* output columns of a row: cols (backward), cols / 2 (forward) */
     int64_t gw_blocks;       /* grad_weight blocks per row, ceil(cols / 2 / GW_PAIRS) */
-    float *gw_parts;         /* [batch * m][gw_blocks] block sums when rows are cut (n_chunks > 1), else NULL */
+    float *gw_parts;         /* [batch * m][gw_blocks][16] block sums when rows are cut (n_chunks > 1), else NULL */
     atomic_int *failed;      /* set by a task whose working memory could not be allocated */
 } mx_job;
 
@@ -97,7 +99,8 @@ INLINE vf round_to(vf v, const int dt) { return dt == SWIGLU_FP32 ? v : widen(na
    the task's first pair; interleaved: ``xa`` the row's first pair, ``xb`` unused); ``m``: the pairs that
    exist (``full``: all 16). A constant full ``m`` gives plain loads. ``wt`` (a constant): times the row's
    routing weight ``w`` last; the weighted backward also gives ``*pr`` = dy * act16 (+0 past the pairs),
-   act16 the forward's stage 1 (``cf``: its activation) rounded to the dtype. */
+   act16 the forward's stage 1 (``cf``: its activation ``act``; for 16-bit inputs ``act2``, the pair table
+   of both activations, one lookup instead of two) rounded to the dtype. */
 INLINE void mx_pairs(const glu_consts *c, const glu_consts *cf, const char *xa, const char *xb, const char *dy,
                      int64_t q, int a_index, vm m, const int full, const int dt, const int bwd, const int inter,
                      const int clipped, const int wt, vf w, vf *ya, vf *yb, vf *pr) {
@@ -119,11 +122,23 @@ INLINE void mx_pairs(const glu_consts *c, const glu_consts *cf, const char *xa, 
         return;
     }
     const vf dyv = ld(dy, q, dt, m);
-    glu_bwd(c, av, ai, bv, dyv, clipped, 0, dt, ya, yb);
-    if (!wt) return;
+    if (!wt) {
+        glu_bwd(c, av, ai, bv, dyv, clipped, 0, dt, ya, yb);
+        return;
+    }
+    vf fwd;
+    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) {
+        vf s, g;
+        v_lookup2(cf->act2.table, ai.bits, ai.src, ai.stride, &s, &g);
+        glu_bwd_of(c, av, s, bv, dyv, clipped, ya, yb);
+        fwd = glu_fwd_of(cf, g, bv, clipped, 0);
+    } else {
+        glu_bwd(c, av, ai, bv, dyv, clipped, 0, dt, ya, yb);
+        fwd = glu_fwd(cf, av, ai, bv, clipped, 0, dt);
+    }
     *ya = v_mul(*ya, w);
     *yb = v_mul(*yb, w);
-    *pr = v_sel(m, v_mul(dyv, round_to(glu_fwd(cf, av, ai, bv, clipped, 0, dt), dt)), v_zero());
+    *pr = v_sel(m, v_mul(dyv, round_to(fwd, dt)), v_zero());
 }
 
 /* Stored values into a tile row from column ``col`` and the running amax of their magnitude bits per
@@ -195,27 +210,25 @@ INLINE void mx_prefetch(const char *xa, const char *xb, const char *dy, int64_t 
         for (int64_t o = 0; o < step * es; o += 64) __builtin_prefetch(dy + q * es + o, 0, 3);
 }
 
-/* The sum of 16 lanes in a fixed tree (lane i + lane i + 8, then + 4, + 2, + 1). */
-INLINE float gw_hsum(vf v) {
+/* The sum of a row's ``n`` >= 1 grad_weight block sums (``p``: n vectors of 16 lanes, overwritten): the
+   vectors lane-wise in a fixed tree (vector i + vector i + ceil(len / 2), until one is left), then its lanes
+   (lane i + lane i + 8, then + 4, + 2, + 1). */
+static float FN(gw_row_sum)(float *p, int64_t n) {
+    for (int64_t len = n; len > 1; len = (len + 1) / 2)
+        for (int64_t i = 0; i < len / 2; i++)
+            v_storef(p + 16 * i, v_add(v_loadf(p + 16 * i, m_all()), v_loadf(p + 16 * (i + (len + 1) / 2), m_all())),
+                     m_all());
     float r[16];
-    v_storef(r, v, m_all());
+    memcpy(r, p, sizeof r);
     for (int k = 8; k >= 1; k /= 2)
         for (int i = 0; i < k; i++) r[i] = r[i] + r[i + k];
     return r[0];
 }
 
-/* The sum of a row's ``n`` >= 1 grad_weight block sums in a fixed tree (halves, the first n / 2 left). */
-static float FN(gw_tree)(const float *p, int64_t n) {
-    if (n == 1) return p[0];
-    const int64_t h = n / 2;
-    const float lo = FN(gw_tree)(p, h);
-    return lo + FN(gw_tree)(p + h, n - h);
-}
-
 /* Rows of a task: mx_stage1_vec over the task's pairs, full vectors first. The forward stores +0 past its
    pairs up to the next 32 columns, so that a partial block reads zeros. ``wt`` (a constant): with the
-   routing weight; the backward then writes each row's grad_weight block sums at ``gw`` (row i's at
-   ``gw + i * (chunk / GW_PAIRS)``, the task's first pair a block start). */
+   routing weight; the backward then writes each row's grad_weight block sums at ``gw`` (16 lanes each; row
+   i's at ``gw + i * (chunk / GW_PAIRS) * 16``, the task's first pair a block start). */
 INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
                       void *col_amax, float *gw, const int dt, const int bwd, const int inter, const int clipped,
                       const int wt) {
@@ -223,7 +236,7 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
     const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
     const int a_index = a->glu.a_index;
     const glu_consts c = glu_setup(&a->glu, &job->act, &job->act);
-    const glu_consts cf = glu_setup(&a->glu, &job->act_fwd, &job->act_fwd);
+    const glu_consts cf = glu_setup(&a->glu, &job->act_fwd, &job->act_pair);
     const int64_t nbt = job->chunk / GW_PAIRS; /* grad_weight blocks per task row */
     const int64_t span = bwd ? w : (w + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK; /* pairs to store */
     const int64_t step = dt == SWIGLU_FP32 || (bwd && inter) ? 16 : 32; /* pairs per mx_stage1_step */
@@ -233,7 +246,7 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
     for (int64_t i = 0; i < blk->nrows; i++) {
         const int64_t row = blk->b * a->m + blk->row0 + i;
         const vf wv = v_set(wt ? a->weight[row] : 1.0f);
-        float *g = gw + i * nbt;
+        float *g = gw + i * nbt * 16;
         vf acc = v_zero();
         const char *x = (const char *)a->x + row * a->cols * es;
         const char *dy = bwd ? (const char *)a->dy + (row * half + p0) * es : NULL;
@@ -246,7 +259,7 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
             mx_stage1_step(&c, &cf, x + xa * es, x + xb * es, dy, t, col_amax, q, 32, ta, tb, a_index, dt, bwd, inter,
                            clipped, wt, wv, &acc);
             if (bwd && wt && ((q + step) % GW_PAIRS == 0 || q + step >= w)) { /* a block's end */
-                g[q / GW_PAIRS] = gw_hsum(acc);
+                v_storef(g + q / GW_PAIRS * 16, acc, m_all());
                 acc = v_zero();
             }
         }
@@ -254,7 +267,7 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
             mx_stage1_step(&c, &cf, x + xa * es, x + xb * es, dy, t, col_amax, q, w - q, ta, tb, a_index, dt, bwd,
                            inter, clipped, wt, wv, &acc);
             if (bwd && wt && ((q + step) % GW_PAIRS == 0 || q + step >= w)) {
-                g[q / GW_PAIRS] = gw_hsum(acc);
+                v_storef(g + q / GW_PAIRS * 16, acc, m_all());
                 acc = v_zero();
             }
         }
@@ -496,8 +509,9 @@ static void FN(mx_task)(const void *ctx, int64_t t) {
         const int64_t nbt = chunk / GW_PAIRS, nb = (w + GW_PAIRS - 1) / GW_PAIRS;
         for (int64_t i = 0; i < blk->nrows; i++) {
             const int64_t row = blk->b * a->m + blk->row0 + i;
-            if (job->gw_parts == NULL) a->grad_weight[row] = 0.0f + FN(gw_tree)(wk.gw + i * nbt, nb);
-            else memcpy(job->gw_parts + row * job->gw_blocks + p0 / GW_PAIRS, wk.gw + i * nbt, sizeof(float) * nb);
+            float *g = wk.gw + i * nbt * 16;
+            if (job->gw_parts == NULL) a->grad_weight[row] = 0.0f + FN(gw_row_sum)(g, nb);
+            else memcpy(job->gw_parts + (row * job->gw_blocks + p0 / GW_PAIRS) * 16, g, sizeof(float) * 16 * nb);
         }
     }
     if (blk->gw_only) return;
@@ -552,9 +566,12 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     const int gw = a->backward && a->weight != NULL;
     if (gw && a->grad_weight == NULL) return -1;
     glu_acts(&a->glu, 0, &job.act_fwd, &act2); /* the forward's activation: act16 of grad_weight */
+    const int pairs = gw && a->dtype != SWIGLU_FP32 && SIMD_TABLE_PAIRS; /* both from one table */
+    job.act_pair = (act_fn){NULL, a->glu.clipped ? SWIGLU_ACT_GLU_SIG_GLU : SWIGLU_ACT_SIGMOID_GLU,
+                            a->glu.clipped ? a->glu.alpha : 1.0f, a->glu.clipped ? a->glu.limit : INFINITY};
     float *owned, *owned_fwd = NULL;
     if (!act_with_table(&job.act, a->dtype, &owned)) return -2;
-    if (gw && !act_with_table(&job.act_fwd, a->dtype, &owned_fwd)) {
+    if (gw && !act_with_table(pairs ? &job.act_pair : &job.act_fwd, a->dtype, &owned_fwd)) {
         free(owned);
         return -2;
     }
@@ -591,7 +608,7 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     job.chunk = mx_task_pairs(a, n, n_threads);
     job.n_chunks = (a->cols / 2 + job.chunk - 1) / job.chunk;
     job.gw_blocks = (a->cols / 2 + GW_PAIRS - 1) / GW_PAIRS;
-    if (gw && job.n_chunks > 1 && (job.gw_parts = malloc(sizeof(float) * (size_t)(a->batch * a->m * job.gw_blocks))) == NULL) {
+    if (gw && job.n_chunks > 1 && (job.gw_parts = malloc(sizeof(float) * 16 * (size_t)(a->batch * a->m * job.gw_blocks))) == NULL) {
         free(blocks);
         free(owned);
         free(owned_fwd);
@@ -607,7 +624,7 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     if (job.gw_parts != NULL) { /* rows cut into several tasks: their block sums, in the same tree */
         if (!atomic_load(&failed))
             for (int64_t r = 0; r < a->batch * a->m; r++)
-                a->grad_weight[r] = 0.0f + FN(gw_tree)(job.gw_parts + r * job.gw_blocks, job.gw_blocks);
+                a->grad_weight[r] = 0.0f + FN(gw_row_sum)(job.gw_parts + r * job.gw_blocks * 16, job.gw_blocks);
         free(job.gw_parts);
     }
     if (atomic_load(&failed)) return -2;

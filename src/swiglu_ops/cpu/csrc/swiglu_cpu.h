@@ -26,6 +26,9 @@
 #define SWIGLU_ACT_GLU_SIG 2
 #define SWIGLU_ACT_SILU_MIN 3
 #define SWIGLU_ACT_SILU_DERIV 4 /* two floats per input: (silu, silu') of swiglu_group_grad */
+/* two floats per input, (backward's, forward's) activation: the weighted MX backward's (stage 1, act16) */
+#define SWIGLU_ACT_SIGMOID_GLU 5  /* (SIGMOID, GLU): the plain SwiGLU */
+#define SWIGLU_ACT_GLU_SIG_GLU 6  /* (GLU_SIG, GLU): the clipped SwiGLU, clamp_mode 0 */
 
 /* MX element formats and FP4 round modes */
 #define SWIGLU_FMT_E4M3 0
