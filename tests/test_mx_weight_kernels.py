@@ -348,6 +348,39 @@ def test_triton_backward(dtype, glu):
     _check_all_weights("triton", True, dtype, glu, "e4m3", WEIGHTS)
 
 
+def _unaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` that is not 16-byte aligned (the Triton kernels' masked loads)."""
+    out = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    return out.copy_(t)
+
+
+@quiet_interpreter
+@pytest.mark.parametrize(
+    "backend", [pytest.param("cpu", marks=needs_cpu), pytest.param("triton", marks=needs_triton)]
+)
+def test_glu_whose_padding_is_not_zero(backend):
+    """A clipped GLU whose padding values are not +0.0 (bias -9: clip(B) + bias; the Triton kernels select
+    the padding away, ``PAD_SELECT``), on aligned and unaligned tensors (Triton: plain and masked loads,
+    whose rows past the last group end the weighted backward loads for grad_weight): the weighted outputs
+    match the reference's."""
+    glu = GluParams(clipped=True, alpha=1.0, limit=7.0, bias=-9.0)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(M, generator=gen)
+    ends = torch.tensor(ENDS)
+    module, device = (CPU, HOST) if backend == "cpu" else (TRITON, TRITON_DEVICE)
+    x = (torch.randn(1, M, FWD_COLS, generator=gen) * 3).to(torch.bfloat16)
+    ref = _fwd(REFERENCE, x, ends, glu, mx.E4M3FN, w)
+    for xs in (x, _unaligned(x)):
+        _near(_fwd(module, xs, ends, glu, mx.E4M3FN, w, device), ref, backend)
+    x = (torch.randn(1, M, BWD_COLS, generator=gen) * 3).to(torch.bfloat16)
+    dy = torch.randn(1, M, BWD_COLS // 2, generator=gen).to(torch.bfloat16)
+    ref, ref_gw = _bwd(REFERENCE, x, dy, ends, glu, w)
+    for xs, dys in ((x, dy), (_unaligned(x), _unaligned(dy))):
+        outs, gw = _bwd(module, xs, dys, ends, glu, w, device)
+        _near(outs, ref, backend)
+        _check_grad_weight_fast(gw, ref_gw, (x, dy), glu, backend)
+
+
 @needs_cpu
 @pytest.mark.parametrize("glu", ["plain", "gpt_oss_interleaved"])
 def test_cpu_grad_weight_is_deterministic(glu):
