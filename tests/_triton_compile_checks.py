@@ -117,10 +117,12 @@ def _mx_bwd_specs():
         cases = [(True, False, False), (True, True, False)] if dt == "bf16" else [(True, False, False)]
         if dt == "bf16" and grouped and variant in ("", ",interleaved,clipped"):
             cases.append((False, False, False))
-        # The routing weight (HAS_WEIGHT, grad_weight over several programs) on the grouped plain GLU of every
-        # dtype and the grouped GPT-OSS GLU in bf16, aligned.
-        if grouped and (variant == "" or (dt == "bf16" and variant == ",interleaved,clipped")):
+        # The routing weight (HAS_WEIGHT, grad_weight over several programs), aligned: the grouped plain GLU
+        # in bf16 (also HW_CVT) and fp32 (the most registers), the grouped GPT-OSS GLU in bf16 (narrow tile).
+        if grouped and dt in ("bf16", "fp32") and variant == "":
             cases += [(True, False, True)] + ([(True, True, True)] if dt == "bf16" else [])
+        if grouped and dt == "bf16" and variant == ",interleaved,clipped":
+            cases += [(True, False, True)]
         for aligned, hw, weighted in cases:
             wsig = {**sig, "w_ptr": "*fp32", "gw_ptr": "*fp32"} if weighted else sig
             ptrs = [k for k, v in wsig.items() if v.startswith("*")]
@@ -183,11 +185,12 @@ def _mx_fwd_specs():
         if dt == "bf16" and grouped and (variant == ",e4m3" or (fp4 and inter)):
             cases.append((False, False))
         cases = [(aligned, hw, False) for aligned, hw in cases]
-        # The routing weight (HAS_WEIGHT) on the grouped E4M3 plain GLU of every dtype (bf16 also unaligned,
-        # the masked loads' weight) and the grouped GPT-OSS GLU in bf16.
-        if grouped and (variant == ",e4m3" or (dt == "bf16" and variant == ",e4m3,interleaved,clipped")):
-            more = [(True, True, True), (False, False, True)] if dt == "bf16" else []
-            cases += [(True, False, True), *more]
+        # The routing weight (HAS_WEIGHT) in bf16: the grouped E4M3 plain GLU (also HW_CVT, and unaligned: the
+        # masked loads' weight and column select) and the grouped GPT-OSS GLU.
+        if grouped and dt == "bf16" and variant == ",e4m3":
+            cases += [(True, False, True), (True, True, True), (False, False, True)]
+        if grouped and dt == "bf16" and variant == ",e4m3,interleaved,clipped":
+            cases += [(True, False, True)]
         for aligned, hw, weighted in cases:
             wsig = {**sig, "w_ptr": "*fp32"} if weighted else sig
             ptrs = [k for k, v in wsig.items() if v.startswith("*")]
