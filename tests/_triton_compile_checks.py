@@ -99,41 +99,51 @@ def _mx_bwd_specs():
     for dt, grouped, e5m2, scale_alg, inter, clipped, transpose, pad_select, den_key in combos:
         sig = {"x_ptr": f"*{dt}", "dy_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
                "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
+               "w_ptr": "constexpr", "gw_ptr": "constexpr",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
                "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
                "n_tiles": "i32", "tiles_per_program": "i32",
                "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
-                                "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "DEN_KEY", "HW_CVT"),
-                               "constexpr")}  # fmt: skip
-        ptrs = [k for k, v in sig.items() if v.startswith("*")]
+                                "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "DEN_KEY", "HW_CVT", "HAS_WEIGHT",
+                                "GW_DIRECT"), "constexpr")}  # fmt: skip
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
         variant += ",abs_key" if clipped and not den_key else ""
         variant += (",transpose_y2" if transpose else "") + (",pad_select" if pad_select else "")
         # The integer conversions (the default) everywhere; the opt-in hardware conversions (HW_CVT) on the
         # aligned bf16 variants.
-        cases = [(True, False), (True, True)] if dt == "bf16" else [(True, False)]
+        cases = [(True, False, False), (True, True, False)] if dt == "bf16" else [(True, False, False)]
         if dt == "bf16" and grouped and variant in ("", ",interleaved,clipped"):
-            cases.append((False, False))
-        for aligned, hw in cases:
-            name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}"
+            cases.append((False, False, False))
+        # The routing weight (HAS_WEIGHT, grad_weight over several programs), aligned: the grouped plain GLU
+        # in bf16 (also HW_CVT) and fp32 (the most registers), the grouped GPT-OSS GLU in bf16 (narrow tile).
+        if grouped and dt in ("bf16", "fp32") and variant == "":
+            cases += [(True, False, True)] + ([(True, True, True)] if dt == "bf16" else [])
+        if grouped and dt == "bf16" and variant == ",interleaved,clipped":
+            cases += [(True, False, True)]
+        for aligned, hw, weighted in cases:
+            wsig = {**sig, "w_ptr": "*fp32", "gw_ptr": "*fp32"} if weighted else sig
+            ptrs = [k for k, v in wsig.items() if v.startswith("*")]
+            name = f"bwd_mx_quant[{dt},grouped={int(grouped)}{variant}" + (",weight" if weighted else "")
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             plain = aligned and not pad_select  # PLAIN_LOADS
             block_n = backend.mx_block_n(  # the launcher's tile
-                True, aligned, transpose, hw, interleaved=inter, clipped=clipped, plain=plain
-            )
-            consts = {k: None for k, v in sig.items() if v == "constexpr"}
+                True, aligned, transpose, hw, interleaved=inter, clipped=clipped, plain=plain,
+                weighted=weighted,
+            )  # fmt: skip
+            consts = {k: None for k, v in wsig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=plain,
                           GROUPED=grouped, BLOCK_N=block_n,
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
-                          TRANSPOSE_Y2=transpose, WIDE=False, DEN_KEY=den_key, HW_CVT=hw)  # fmt: skip
+                          TRANSPOSE_Y2=transpose, WIDE=False, DEN_KEY=den_key, HW_CVT=hw,
+                          HAS_WEIGHT=weighted, GW_DIRECT=False)  # fmt: skip
             expect = {"fast_rcp", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
             options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
-            yield name, fn, sig, consts, attrs, options, expect if hw else set()
+            yield name, fn, wsig, consts, attrs, options, expect if hw else set()
 
 
 # (format, scale_alg, round mode): the FP8 defaults, the other FP8 format and scale rule, FP4 in every round
@@ -156,16 +166,15 @@ def _mx_fwd_specs():
     combos = [(*c, False) for c in combos] + [("bf16", True, _FWD_E4M3, True, True, False, True)]
     for dt, grouped, (fmt, scale_alg, mode), inter, clipped, transpose, pad_select in combos:
         sig = {"x_ptr": f"*{dt}", "ends_ptr": "*i64" if grouped else "constexpr",
-               "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8",
+               "y1_ptr": "*u8", "s1_ptr": "*u8", "y2_ptr": "*u8", "s2_ptr": "*u8", "w_ptr": "constexpr",
                "m": "i32", "n": "i32", "num_groups": "i32", "blocks_per_slice": "i32", "s2_rows": "i32",
                "s1_slots": "i32", "alpha": "fp32", "limit": "fp32", "glu_bias": "fp32", "b_pad_bits": "i32",
                "inv_max": "fp32", "emax": "i32", "mbits": "i32", "bias": "i32", "max_code": "i32",
                "n_tiles": "i32", "tiles_per_program": "i32",
                "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
-                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT"),
+                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT", "HAS_WEIGHT"),
                                "constexpr")}  # fmt: skip
-        ptrs = [k for k, v in sig.items() if v.startswith("*")]
         fp4 = fmt == "e2m1"
         variant = f",{fmt}" + (f",round={mode}" if fp4 else "" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
@@ -175,23 +184,32 @@ def _mx_fwd_specs():
             cases.append((True, True))
         if dt == "bf16" and grouped and (variant == ",e4m3" or (fp4 and inter)):
             cases.append((False, False))
-        for aligned, hw in cases:
-            name = f"mx_quant[{dt},grouped={int(grouped)}{variant}"
+        cases = [(aligned, hw, False) for aligned, hw in cases]
+        # The routing weight (HAS_WEIGHT) in bf16: the grouped E4M3 plain GLU (also HW_CVT, and unaligned: the
+        # masked loads' weight and column select) and the grouped GPT-OSS GLU.
+        if grouped and dt == "bf16" and variant == ",e4m3":
+            cases += [(True, False, True), (True, True, True), (False, False, True)]
+        if grouped and dt == "bf16" and variant == ",e4m3,interleaved,clipped":
+            cases += [(True, False, True)]
+        for aligned, hw, weighted in cases:
+            wsig = {**sig, "w_ptr": "*fp32"} if weighted else sig
+            ptrs = [k for k, v in wsig.items() if v.startswith("*")]
+            name = f"mx_quant[{dt},grouped={int(grouped)}{variant}" + (",weight" if weighted else "")
             name += ("" if aligned else ",unaligned") + (",hw_cvt]" if hw else "]")
             attrs = _attrs(fn, [*ptrs, "n"]) if aligned else {}
             block_n = backend.mx_block_n(False, aligned, transpose, hw)  # the launcher's tile
-            consts = {k: None for k, v in sig.items() if v == "constexpr"}
+            consts = {k: None for k, v in wsig.items() if v == "constexpr"}
             consts.update(A_INDEX=0, PAD_SELECT=pad_select, PLAIN_LOADS=aligned and not pad_select,
                           GROUPED=grouped, BLOCK_N=block_n,
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK, INTERLEAVED=inter, CLIPPED=clipped, MODE=0,
                           FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
-                          WIDE=False, HW_CVT=hw)  # fmt: skip
+                          WIDE=False, HW_CVT=hw, HAS_WEIGHT=weighted)  # fmt: skip
             # FP4 codes have no hardware conversion; the forward's quotient is the approximate one.
             expect = {"approx_quotient"} | ({"cvt_bf16"} if dt == "bf16" else set())
             expect |= set() if fp4 else {"cvt_fp8"}
             options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
-            yield name, fn, sig, consts, attrs, options, expect if hw else set()
+            yield name, fn, wsig, consts, attrs, options, expect if hw else set()
 
 
 def _clipped_specs():
@@ -246,7 +264,7 @@ def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
         backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
         consts["BLOCK_N"] = backend.mx_block_n(
             backward, aligned, consts["TRANSPOSE_Y2"], hw_cvt, interleaved=consts["INTERLEAVED"],
-            clipped=consts["CLIPPED"], plain=consts["PLAIN_LOADS"],
+            clipped=consts["CLIPPED"], plain=consts["PLAIN_LOADS"], weighted=bool(consts.get("HAS_WEIGHT")),
         )  # fmt: skip
     return consts
 

@@ -262,7 +262,21 @@ def _round_mode(round_mode: str) -> int:
 
 
 def _mx(
-    backward: bool, x, dy, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2
+    backward: bool,
+    x,
+    dy,
+    group_ends,
+    glu,
+    scale_alg,
+    fmt,
+    round_mode,
+    y1,
+    s1,
+    y2,
+    s2,
+    transpose_y2,
+    weight=None,
+    grad_weight=None,
 ) -> None:
     args = LIBRARY.ffi.new("swiglu_mx_args *")
     args.backward = backward
@@ -279,20 +293,29 @@ def _mx(
     args.round_mode = _round_mode(round_mode)
     args.transpose_y2 = transpose_y2
     args.tile_pairs = _mx_tile_pairs
+    args.weight = _ptr(weight, "float *")
+    args.grad_weight = _ptr(grad_weight, "float *")
     _fill_glu(args.glu, glu)
     _run("swiglu_mx_run", args)
 
 
-def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
-    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2."""
-    _mx(True, x, dy, group_ends, glu, scale_alg, fmt, "rint", y1, s1, y2, s2, transpose_y2)
+def swiglu_bwd_mx_quant(
+    x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False, weight=None, grad_weight=None
+) -> None:
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2 and,
+    with ``weight`` (fp32 [B*M], spec 7.1), ``grad_weight`` (fp32 [B*M], fused in the same pass)."""
+    if (weight is None) != (grad_weight is None):
+        raise ValueError("weight and grad_weight come together or not at all")
+    outs = (y1, s1, y2, s2)
+    _mx(True, x, dy, group_ends, glu, scale_alg, fmt, "rint", *outs, transpose_y2, weight, grad_weight)
 
 
 def swiglu_mx_quant(
-    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
+    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False, weight=None
 ) -> None:
-    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2."""
-    _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2)
+    """Backend entry point (the kernel contract: ``docs/design.md``). Writes y1, s1, y2, s2;
+    ``weight`` (fp32 [B*M] or None, spec 7.1) multiplies stage 1 per row."""
+    _mx(False, x, None, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2, weight)
 
 
 BACKEND = Backend(NAME, sys.modules[__name__], KERNELS)  # every kernel contract, by its name here

@@ -76,6 +76,11 @@ MX_GROUP_CHUNK = 128
 # variants below what their tile needs (168 registers and 40 bytes of spills for the interleaved clipped
 # backward, at 3 CTAs of 4 warps per SM); without a cap it takes up to 255 and 2 CTAs, and spills nothing.
 MX_MAXNREG = 255
+# The weighted backward (routing weight, spec 7.1) also forms the forward's activation for grad_weight: at
+# the tiles above ptxas spills (sm_90: 372 bytes for the wide chunked tile on the HW_CVT path, 20 for the
+# interleaved clipped GLU at 64 pairs), so it takes MX_BWD_BLOCK_N pairs, and 32 for the interleaved
+# clipped GLU.
+MX_BWD_WEIGHTED_INTERLEAVED_CLIPPED_BLOCK_N = 32
 # clipped_swiglu / clipped_swiglu_grad: a program takes CLIPPED_ROWS rows x CLIPPED_CHUNKS chunks of
 # CLIPPED_BLOCK pairs (a loop over the chunks).
 CLIPPED_ROWS = 4
@@ -196,7 +201,7 @@ def mx_maxnreg(aligned: bool) -> int | None:
 
 def mx_block_n(
     backward: bool, aligned: bool, transpose_y2: bool, hw_cvt: bool = False, *,
-    interleaved: bool = True, clipped: bool = False, plain: bool = False,
+    interleaved: bool = True, clipped: bool = False, plain: bool = False, weighted: bool = False,
 ) -> int:  # fmt: skip
     """The MX kernels' tile width (BLOCK_N): :data:`MX_BWD_BLOCK_N` pairs (backward; with ``hw_cvt``
     :data:`MX_BWD_CHUNKED_BLOCK_N` in the chunked layout with ``plain`` loads, unless the GLU is
@@ -205,10 +210,13 @@ def mx_block_n(
     per thread) and again for token-contiguous y2 on the integer path, whose ``tl.store`` has 64-bit
     addresses per code after a layout conversion: at the full width both spill on sm_100 (40-72 bytes).
     With ``hw_cvt`` the token-contiguous codes are stored by PTX from the tile's own layout
-    (``_store_y2_tokens``), and the tile keeps its width."""
+    (``_store_y2_tokens``), and the tile keeps its width. The ``weighted`` backward: never the wide tile,
+    and :data:`MX_BWD_WEIGHTED_INTERLEAVED_CLIPPED_BLOCK_N` pairs for the interleaved clipped GLU."""
     if backward:
-        wide = hw_cvt and plain and not interleaved and not (clipped and transpose_y2)
+        wide = hw_cvt and plain and not interleaved and not (clipped and transpose_y2) and not weighted
         block_n = MX_BWD_CHUNKED_BLOCK_N if wide else MX_BWD_BLOCK_N
+        if weighted and interleaved and clipped:
+            block_n = MX_BWD_WEIGHTED_INTERLEAVED_CLIPPED_BLOCK_N
     else:
         block_n = MX_BLOCK_N
     for narrow in (not aligned, transpose_y2 and not hw_cvt):
@@ -252,7 +260,9 @@ def plain_loads(n: int, aligned: bool) -> bool:
     return aligned and n % 32 == 0
 
 
-def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2):
+def _mx_common(
+    x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, backward, transpose_y2, weighted=False
+):
     """Arguments both MX kernels share (the shape's, the GLU's, the format's and the tiling's, in the
     kernels' order; the forward adds its mxscale1 slots and the padding's B), whether the tensors are
     16-byte aligned, the grid and the constexprs. ``tile_pairs``: the pairs (forward: output columns, with
@@ -266,7 +276,7 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     plain = plain_loads(x.shape[-1] // 2, aligned)
     block_n = mx_block_n(
         backward, aligned, transpose_y2, _hw_cvt(), interleaved=glu.interleaved, clipped=glu.clipped,
-        plain=plain,
+        plain=plain, weighted=weighted,
     )  # fmt: skip
     n_tiles = triton.cdiv(tile_pairs, block_n)
     per_program = min(MX_TILES_PER_PROGRAM, n_tiles)
@@ -291,27 +301,53 @@ def _mx_common(x, group_ends, glu, scale_alg, fmt, s2, tensors, tile_pairs, back
     return aligned, grid, (shape, glu_args, b_pad, tail), consts
 
 
-def swiglu_bwd_mx_quant(x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False) -> None:
+#: Rows per program of ``mx_grad_weight_kernel`` (the weighted backward's grad_weight over several programs).
+GRAD_WEIGHT_ROWS = 256
+
+
+def swiglu_bwd_mx_quant(
+    x, dy, group_ends, glu, scale_alg, fmt, y1, s1, y2, s2, transpose_y2=False, weight=None, grad_weight=None
+) -> None:
+    """With ``weight`` (spec 7.1; fp32 [B*M]) the gradients are scaled per row and ``grad_weight`` (fp32
+    [B*M]) is written: straight from the kernel where one program covers a row block's whole width, else
+    from per-program parts added in order by ``mx_grad_weight_kernel`` (deterministic, no atomics)."""
+    if (weight is None) != (grad_weight is None):
+        raise ValueError("weight and grad_weight come together or not at all")
     tensors = (dy, y1, s1, y2, s2)
+    weighted = weight is not None
     aligned, grid, args, consts = _mx_common(
-        x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2
+        x, group_ends, glu, scale_alg, fmt, s2, tensors, x.shape[-1] // 2, True, transpose_y2, weighted
     )
     shape, glu_args, _b_pad, tail = args  # the backward pads B with 0 (dy = 0 zeroes its padding)
+    parts = None
+    if weight is not None:
+        consts.update(HAS_WEIGHT=True, GW_DIRECT=grid[1] == 1)
+        if grid[1] > 1:
+            parts = torch.empty((grad_weight.numel(), grid[1]), dtype=torch.float32, device=x.device)
     _kernels.swiglu_bwd_mx_quant_kernel[grid](
-        x, dy, group_ends, y1, s1, y2, s2, *shape, *glu_args, *tail, maxnreg=mx_maxnreg(aligned), **consts
-    )
+        x, dy, group_ends, y1, s1, y2, s2, weight, grad_weight if parts is None else parts, *shape, *glu_args,
+        *tail, maxnreg=mx_maxnreg(aligned), **consts,
+    )  # fmt: skip
+    if parts is not None:
+        rows = grad_weight.numel()
+        _kernels.mx_grad_weight_kernel[(triton.cdiv(rows, GRAD_WEIGHT_ROWS),)](
+            parts, grad_weight, rows, grid[1], BLOCK=GRAD_WEIGHT_ROWS, **LAUNCH_OPTIONS
+        )
 
 
 def swiglu_mx_quant(
-    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False
+    x, group_ends, glu, scale_alg, fmt, round_mode, y1, s1, y2, s2, transpose_y2=False, weight=None
 ) -> None:
+    """``weight`` (spec 7.1; fp32 [B*M] or None): stage 1 times the row's weight, last."""
     slots = s1.shape[-1]  # 2 * ceil(N / 64): the tiles cover the pad slot of an odd block count
     aligned, grid, args, consts = _mx_common(
         x, group_ends, glu, scale_alg, fmt, s2, (y1, s1, y2, s2), slots * 32, False, transpose_y2
     )
     shape, glu_args, b_pad, tail = args
+    if weight is not None:
+        consts["HAS_WEIGHT"] = True
     _kernels.swiglu_mx_quant_kernel[grid](
-        x, group_ends, y1, s1, y2, s2, *shape, slots, *glu_args, _bits(b_pad, x.dtype), *tail,
+        x, group_ends, y1, s1, y2, s2, weight, *shape, slots, *glu_args, _bits(b_pad, x.dtype), *tail,
         FP4=fmt.packed, ROUND=_kernels.ROUND_MODES[round_mode], maxnreg=mx_maxnreg(aligned), **consts,
     )  # fmt: skip
 

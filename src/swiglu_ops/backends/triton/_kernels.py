@@ -1386,16 +1386,19 @@ _MX_NOT_SPECIALIZED = [
 
 @triton.jit
 def _mx_fwd_tile(
-    xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
+    xb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
     m, n, s1_slots, a_index, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr, HW_CVT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N output columns) of the forward. ``PLAIN_LOADS`` (N a multiple of 32,
     16-byte aligned tensors): loads without predicates, whose rows past the block's ``last`` row and blocks
     past N read copies (clamped addresses; ``_mx_quantize``'s ``COPIES``); else masked loads of the
-    padding (``_load_pairs``)."""
+    padding (``_load_pairs``). ``HAS_WEIGHT``: the activation times the row's routing weight (``wb``: the
+    block's first row's), the last fp32 operation (spec 7.1); the padding stays +0.0 whatever the weight
+    (rows not loaded take weight 1, the columns past N are selected away)."""
     NB: tl.constexpr = BLOCK_N // MX_BLOCK
     DTYPE: tl.constexpr = xb.dtype.element_ty
     # pairs (= output columns) per thread and row: 8 interleaved (the codes' 8-byte stores), else a vector
@@ -1422,6 +1425,12 @@ def _mx_fwd_tile(
     a, b = _load_pairs(xb, xr * (2 * n), jb, rows, n, n, a_index, pad, MX_BLOCK, INTERLEAVED, VEC)
     act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
     keep = (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n) & (not dead) if PAD_SELECT else None
+    if HAS_WEIGHT:
+        if PAD_SELECT or PLAIN_LOADS:  # the rows loaded (copies past the last row): their own weights
+            act = act * tl.load(wb + xr)
+        else:  # the padding's rows: weight 1; its columns: selected away below
+            act = act * tl.load(wb + rl, mask=live, other=1.0)
+            keep = (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n) & (not dead)
     _mx_quantize(
         act, rl, rows_ok, dead, ob, tile * NB, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m,
         inv_max, emax, mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
@@ -1431,14 +1440,14 @@ def _mx_fwd_tile(
 
 @triton.jit(do_not_specialize=[*_MX_NOT_SPECIALIZED, "s1_slots"])
 def swiglu_mx_quant_kernel(
-    x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
+    x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr, w_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, alpha, limit, glu_bias, b_pad_bits,
     inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
     PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
     SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
-    HW_CVT: tl.constexpr,
+    HW_CVT: tl.constexpr, HAS_WEIGHT: tl.constexpr = False,
 ):  # fmt: skip
     """One 32-row block of one batch slice of the forward operator, ``tiles_per_program`` tiles of
     ``BLOCK_N`` output columns (= pairs) from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
@@ -1446,7 +1455,7 @@ def swiglu_mx_quant_kernel(
     Stage 1 (``_glu_fwd``) rounded to x's dtype (fp32 x: not rounded), then ``_mx_quantize``. Output columns
     past N are zeros (a partial last block is scaled from its real columns); the mxscale1 slots up to
     ``s1_slots`` are written, so the pad slot of an odd block count comes out as code 0 (the launcher's
-    tiles cover it).
+    tiles cover it). ``HAS_WEIGHT``: stage 1 times ``w_ptr[row]`` (fp32, one per flattened row), last.
     """
     row0, rl, rows_ok, live, last, dead, first, s2_base, s2_cols, nonempty = _mx_row_block(
         ends_ptr, m, num_groups, blocks_per_slice, s2_rows, n, GROUPED, GROUP_CHUNK, WIDE
@@ -1461,13 +1470,17 @@ def swiglu_mx_quant_kernel(
     y1b, s1b, y2b, s2b = _mx_out_bases(
         y1_ptr, s1_ptr, y2_ptr, s2_ptr, row0, first, s2_base, y_width, s1_slots, TRANSPOSE_Y2
     )
+    if HAS_WEIGHT:
+        wb = w_ptr + row0
+    else:
+        wb = w_ptr  # None
     t0 = tl.program_id(1) * tiles_per_program
     for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
         _mx_fwd_tile(
-            xb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
+            xb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, PAD_SELECT,
-            PLAIN_LOADS, HW_CVT,
+            PLAIN_LOADS, HW_CVT, HAS_WEIGHT,
         )  # fmt: skip
 
 
@@ -1476,14 +1489,19 @@ def swiglu_mx_quant_kernel(
 
 @triton.jit
 def _mx_bwd_tile(
-    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
+    xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
     m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr,
     PLAIN_LOADS: tl.constexpr, FAST: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
 ):  # fmt: skip
-    """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact). Loads as
-    in ``_mx_fwd_tile``."""
+    """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact) and, with
+    ``HAS_WEIGHT``, the tile's part of grad_weight: per row (``[MX_R4, 1, MX_R8, 1]``) the sum of
+    ``dy * act16`` over the tile's pairs (``tl.sum``: a fixed tree), act16 the forward's unweighted stage 1
+    (exact quotient) rounded to x's dtype. Loads as in ``_mx_fwd_tile``; with ``HAS_WEIGHT`` the masked
+    loads also read the rows past the last group end (grad_weight covers every row), whose gradients are
+    then selected to +0.0, as are the columns past N (the gradients times the weight)."""
     c = 2 * n
     K: tl.constexpr = MX_BLOCK // 2 if INTERLEAVED else MX_BLOCK  # pairs per 32-column output block
     NB: tl.constexpr = BLOCK_N // K
@@ -1496,15 +1514,29 @@ def _mx_bwd_tile(
     xr, jb = _tile_edges(rl, last, blk * K, n, K, PLAIN_LOADS)
     j = jb + _block_cols(K, KVEC)  # pairs, [1, NB, 1, K]
     ok = live & (j < n)
+    loaded = rows_ok if HAS_WEIGHT else live  # rows read (masked loads)
     a, b = _load_pairs(
-        xb, xr * c, jb, None if PLAIN_LOADS else live, n, n, a_index, 0.0, K, INTERLEAVED, KVEC
+        xb, xr * c, jb, None if PLAIN_LOADS else loaded, n, n, a_index, 0.0, K, INTERLEAVED, KVEC
     )
     if PLAIN_LOADS:
         dy = _widen(tl.load(dyb + xr * n + jb + _block_cols(K, KVEC)))
     else:
-        dy = _widen(tl.load(dyb + xr * n + j, mask=ok, other=0.0))
+        dy = _widen(tl.load(dyb + xr * n + j, mask=loaded & (j < n), other=0.0))
     ga, gb, key = _glu_bwd(a, b, dy, alpha, limit, glu_bias, CLIPPED, MODE, FAST, DEN_KEY)
-    if PAD_SELECT:  # the padding's values are not +0.0 (swiglu_ops.backends.triton.padding)
+    if HAS_WEIGHT:
+        if PLAIN_LOADS:  # the rows loaded (copies past the last row): their own weights
+            w = tl.load(wb + xr)
+        else:
+            w = tl.load(wb + rl, mask=rows_ok, other=1.0)
+        ga = ga * w
+        gb = gb * w
+        # grad_weight's part: pairs past N (copies or padding) excluded
+        act16 = _round_to_dtype(_glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, False), DTYPE, HW_CVT)
+        prod = tl.where(blk * K + _block_cols(K, KVEC) < n, dy * act16, 0.0)
+        part = tl.sum(tl.sum(prod, axis=3, keep_dims=True), axis=1, keep_dims=True)
+    else:
+        part = 0.0
+    if PAD_SELECT or (HAS_WEIGHT and not PLAIN_LOADS):  # the padding is not +0.0 (swiglu_ops.backends.triton.padding)
         ga = tl.where(ok, ga, 0.0)
         gb = tl.where(ok, gb, 0.0)
     if INTERLEAVED:
@@ -1533,20 +1565,21 @@ def _mx_bwd_tile(
                 TRANSPOSE_Y2, HW_CVT, DTYPE, PLAIN_LOADS,
             )  # fmt: skip
     if FAST:
-        return tl.max(key)
+        return tl.max(key), part
     else:
-        return 0
+        return 0, part
 
 
 @triton.jit(do_not_specialize=_MX_NOT_SPECIALIZED)
 def swiglu_bwd_mx_quant_kernel(
-    x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr,
+    x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr, w_ptr, gw_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, alpha, limit, glu_bias,
     inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
     PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr = False, GW_DIRECT: tl.constexpr = True,
 ):  # fmt: skip
     """One 32-row block of one batch slice of the backward operator, ``tiles_per_program`` tiles of
     ``BLOCK_N`` pairs from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
@@ -1555,6 +1588,12 @@ def swiglu_bwd_mx_quant_kernel(
     quantises them at x's columns: chunked, as two tiles (A's and B's half, 32 pairs per block); interleaved,
     as one tile of 32-column blocks of 16 pairs, split from and joined back to x's order in registers.
     ``HW_CVT``: fast reciprocals, and a tile again on the exact path if one may be inexact.
+
+    ``HAS_WEIGHT`` (spec 7.1): the gradients times ``w_ptr[row]`` (fp32, one per flattened row), last; and
+    grad_weight: the program adds its tiles' parts in tile order and stores, for each of its rows, ``0.0 +``
+    that sum in ``gw_ptr[row]`` (``GW_DIRECT``: one program per row block, ``program_id(1)`` 0) or the sum
+    in ``gw_ptr[row, program_id(1)]`` of a ``[B * M, num_programs(1)]`` array, which
+    ``mx_grad_weight_kernel`` adds up in order. Deterministic: no atomics, the same order for any device.
     """
     c = 2 * n
     row0, rl, rows_ok, live, last, dead, first, s2_base, s2_cols, nonempty = _mx_row_block(
@@ -1567,16 +1606,28 @@ def swiglu_bwd_mx_quant_kernel(
     y1b, s1b, y2b, s2b = _mx_out_bases(
         y1_ptr, s1_ptr, y2_ptr, s2_ptr, row0, first, s2_base, c, c // MX_BLOCK, TRANSPOSE_Y2
     )
+    if HAS_WEIGHT:
+        wb = w_ptr + row0
+    else:
+        wb = w_ptr  # None
     t0 = tl.program_id(1) * tiles_per_program
     t1 = tl.minimum(t0 + tiles_per_program, n_tiles)
     worst = tl.zeros((), dtype=tl.uint32)
+    gw = tl.zeros([MX_R4, 1, MX_R8, 1], dtype=tl.float32)
     for tile in range(t0, t1):
-        worst = tl.maximum(worst, _mx_bwd_tile(
-            xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
+        key, part = _mx_bwd_tile(
+            xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, PLAIN_LOADS,
-            HW_CVT, DEN_KEY, HW_CVT,
-        ))  # fmt: skip
+            HW_CVT, DEN_KEY, HW_CVT, HAS_WEIGHT,
+        )  # fmt: skip
+        worst = tl.maximum(worst, key)
+        gw += part
+    if HAS_WEIGHT:
+        if GW_DIRECT:
+            tl.store(gw_ptr + (row0 + rl), 0.0 + gw, mask=rows_ok)
+        else:
+            tl.store(gw_ptr + (row0 + rl) * tl.num_programs(1) + tl.program_id(1), gw, mask=rows_ok)
     if HW_CVT:
         # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
         # tiles of 32 pairs (the exact path's branches need more registers: at 64 pairs the chunked tile's
@@ -1584,10 +1635,22 @@ def swiglu_bwd_mx_quant_kernel(
         SPLIT: tl.constexpr = max(BLOCK_N // 32, 1)
         if worst >= SLOW_KEY:
             _cold_path_marker(worst)
-            for tile in range(SPLIT * t0, SPLIT * t1):
+            for tile in range(SPLIT * t0, SPLIT * t1):  # (grad_weight's parts do not depend on FAST)
                 _mx_bwd_tile(
-                    xb, dyb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
+                    xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
                     m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
                     BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT,
-                    PLAIN_LOADS, False, DEN_KEY, HW_CVT,
+                    PLAIN_LOADS, False, DEN_KEY, HW_CVT, HAS_WEIGHT,
                 )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["rows", "n_parts"])
+def mx_grad_weight_kernel(parts_ptr, gw_ptr, rows, n_parts, BLOCK: tl.constexpr):
+    """grad_weight of the weighted MX backward whose rows span several programs: ``gw_ptr[r] = 0.0 +``
+    the sum of ``parts_ptr[r, :n_parts]`` (``[rows, n_parts]`` fp32), added in order (deterministic)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < rows
+    acc = tl.load(parts_ptr + r * n_parts, mask=ok, other=0.0)
+    for j in range(1, n_parts):
+        acc += tl.load(parts_ptr + r * n_parts + j, mask=ok, other=0.0)
+    tl.store(gw_ptr + r, 0.0 + acc, mask=ok)

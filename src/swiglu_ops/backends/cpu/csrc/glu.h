@@ -58,47 +58,56 @@ INLINE glu_consts glu_setup(const swiglu_glu *g, const act_fn *act, const act_fn
 
 INLINE vf clip(const glu_consts *c, vf b) { return v_maxc(v_minc(b, c->limit), c->nlimit); }
 
-/* Forward: the activation output in fp32. ``clipped`` and ``mode`` are constants of the caller. */
-INLINE vf glu_fwd(const glu_consts *c, vf a, act_idx ai, vf b, const int clipped, const int mode, const int dt) {
-    const vf glu = act(&c->act, a, ai, dt);
+/* Forward from the activation ``glu`` of A: the output in fp32. ``clipped`` and ``mode`` are constants of
+   the caller. */
+INLINE vf glu_fwd_of(const glu_consts *c, vf glu, vf b, const int clipped, const int mode) {
     if (!clipped) return v_mul(glu, b);                   /* (A / (exp(-A) + 1)) * B */
     if (mode == 0) return v_mul(glu, v_add(clip(c, b), c->bias)); /* glu * (clip(B) + bias) */
     return v_mul(glu, clip(c, b));                        /* min(silu(A), L) * clip(B) */
 }
 
-/* Backward: (grad A, grad B) in fp32. */
-INLINE void glu_bwd(const glu_consts *c, vf a, act_idx ai, vf b, vf dy, const int clipped, const int mode,
-                    const int dt, vf *ga, vf *gb) {
+/* Forward: the activation output in fp32. */
+INLINE vf glu_fwd(const glu_consts *c, vf a, act_idx ai, vf b, const int clipped, const int mode, const int dt) {
+    return glu_fwd_of(c, act(&c->act, a, ai, dt), b, clipped, mode);
+}
+
+/* Backward of the plain SwiGLU and of the clipped one with clamp_mode 0 from the activation ``s`` of A (their
+   sigmoid): (grad A, grad B) in fp32. */
+INLINE void glu_bwd_of(const glu_consts *c, vf a, vf s, vf b, vf dy, const int clipped, vf *ga, vf *gb) {
     const vf one = v_set(1.0f), zero = v_zero();
     if (!clipped) { /* swiglu_backward_mx_quant.md 2.2 */
-        const vf s = act(&c->act, a, ai, dt);
         const vf t = v_add(v_mul(v_add(v_neg(s), one), a), one);
         *ga = v_mul(v_mul(v_mul(t, b), s), dy);
         *gb = v_mul(v_mul(s, dy), a);
         return;
     }
+    /* clipped_swiglu.md 4: s = (A~ * 0 + 1) / (exp(A~ * -alpha) + 1) */
     const vm b_ok = m_and(v_le(b, c->limit), v_ge(b, c->nlimit)); /* closed masks, raw inputs */
-    vf da, db;
-    vm a_ok;
-    if (mode == 0) { /* clipped_swiglu.md 4 */
-        const vf at = v_minc(a, c->limit);
-        const vf s = act(&c->act, a, ai, dt); /* (A~ * 0 + 1) / (exp(A~ * -alpha) + 1) */
-        const vf bp = v_add(clip(c, b), c->bias);
-        db = v_mul(v_mul(dy, at), s);
-        vf t = v_add(v_mul(s, v_set(-1.0f)), one);
-        t = v_mul(v_mul(v_add(v_mul(v_mul(t, at), c->alpha), one), s), bp);
-        da = v_mul(t, dy);
-        a_ok = v_le(a, c->limit);
-    } else { /* the clamp_mode-1 extension, clipped_swiglu.md 10 */
-        const vf s = act(&c->act, a, ai, dt);     /* 1 / (exp(-A) + 1) */
-        const vf silu = act(&c->act2, a, ai, dt); /* A / (exp(-A) + 1) */
-        db = v_mul(dy, v_minc(silu, c->limit));
-        vf t = v_add(v_mul(v_add(v_mul(s, v_set(-1.0f)), one), a), one);
-        t = v_mul(v_mul(t, s), clip(c, b));
-        da = v_mul(t, dy);
-        a_ok = v_le(silu, c->limit);
+    const vf at = v_minc(a, c->limit);
+    const vf bp = v_add(clip(c, b), c->bias);
+    const vf db = v_mul(v_mul(dy, at), s);
+    vf t = v_add(v_mul(s, v_set(-1.0f)), one);
+    t = v_mul(v_mul(v_add(v_mul(v_mul(t, at), c->alpha), one), s), bp);
+    *ga = v_sel(v_le(a, c->limit), v_mul(t, dy), zero);
+    *gb = v_sel(b_ok, db, zero);
+}
+
+/* Backward: (grad A, grad B) in fp32. */
+INLINE void glu_bwd(const glu_consts *c, vf a, act_idx ai, vf b, vf dy, const int clipped, const int mode,
+                    const int dt, vf *ga, vf *gb) {
+    if (!clipped || mode == 0) {
+        glu_bwd_of(c, a, act(&c->act, a, ai, dt), b, dy, clipped, ga, gb);
+        return;
     }
-    *ga = v_sel(a_ok, da, zero);
+    /* the clamp_mode-1 extension, clipped_swiglu.md 10 */
+    const vf one = v_set(1.0f), zero = v_zero();
+    const vm b_ok = m_and(v_le(b, c->limit), v_ge(b, c->nlimit)); /* closed masks, raw inputs */
+    const vf s = act(&c->act, a, ai, dt);     /* 1 / (exp(-A) + 1) */
+    const vf silu = act(&c->act2, a, ai, dt); /* A / (exp(-A) + 1) */
+    const vf db = v_mul(dy, v_minc(silu, c->limit));
+    vf t = v_add(v_mul(v_add(v_mul(s, v_set(-1.0f)), one), a), one);
+    t = v_mul(v_mul(t, s), clip(c, b));
+    *ga = v_sel(v_le(silu, c->limit), v_mul(t, dy), zero);
     *gb = v_sel(b_ok, db, zero);
 }
 

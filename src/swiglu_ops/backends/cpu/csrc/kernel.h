@@ -42,8 +42,9 @@ size_t swiglu_l2_cache_bytes(void);
 /* The activation tables (dispatch.c): the table of (kind, dtype, alpha, limit), built by ``build`` on first
    use and kept; NULL if it could not be allocated. */
 typedef void (*act_builder)(int kind, int dt, float alpha, float limit, float *out);
-/* Floats per input bit pattern in the table of ``kind``: two for SWIGLU_ACT_SILU_DERIV, else one. */
-#define ACT_WIDTH(kind) ((kind) == SWIGLU_ACT_SILU_DERIV ? 2 : 1)
+/* Floats per input bit pattern in the table of ``kind``: two for SWIGLU_ACT_SILU_DERIV and the pair kinds
+   (SWIGLU_ACT_SIGMOID_GLU, SWIGLU_ACT_GLU_SIG_GLU), else one. */
+#define ACT_WIDTH(kind) ((kind) >= SWIGLU_ACT_SILU_DERIV ? 2 : 1)
 const float *swiglu_act_table_get(int kind, int dt, float alpha, float limit, act_builder build);
 
 /* Each instruction set's build of the kernels (kernels_<isa>.c). */

@@ -16,6 +16,10 @@ void FN(act_build)(int kind, int dt, float alpha, float limit, float *out) {
             vf f, sp;
             silu_deriv(v_minc(a, v_set(limit)), act_eval(a, SWIGLU_ACT_SIGMOID, alpha, limit), &f, &sp);
             u_store32_pairs((uint32_t *)out + 2 * i, narrow(f, SWIGLU_FP32), narrow(sp, SWIGLU_FP32), m_all());
+        } else if (ACT_WIDTH(kind) == 2) { /* (backward's, forward's), the bits of their own tables */
+            const vf bwd = act_eval(a, kind == SWIGLU_ACT_SIGMOID_GLU ? SWIGLU_ACT_SIGMOID : SWIGLU_ACT_GLU_SIG, alpha, limit);
+            const vf fwd = act_eval(a, SWIGLU_ACT_GLU, alpha, limit);
+            u_store32_pairs((uint32_t *)out + 2 * i, v_bits(bwd), v_bits(fwd), m_all());
         } else {
             v_storef(out + i, act_eval(a, kind, alpha, limit), m_all());
         }

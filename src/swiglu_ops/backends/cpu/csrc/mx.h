@@ -11,9 +11,18 @@
    Output columns of a task ("segments" of the tile):
      backward, chunked:      A's and B's gradients, two segments of w columns (x's layout: columns follow x)
      backward, interleaved:  one segment of 2w columns
-     forward:                one segment of w columns (y has cols / 2 columns) */
+     forward:                one segment of w columns (y has cols / 2 columns)
 
-enum { MX_BLOCK = 32 };
+   Routing weight (spec 7.1): stage 1 times w[row], the last fp32 operation before the rounding. The
+   backward with a weight also returns grad_weight[row] = 0.0 + sum(dy * act16) over the row's pairs, act16
+   the forward's unweighted stage 1 rounded to the dtype (its own activation table), in the same pass: each
+   task sums its rows' products lane-wise per GW_PAIRS-pair block of the row (16 pairs at a time, in order),
+   and a row's block vectors are added lane-wise in a fixed tree over the row's blocks, then the 16 lanes in a
+   fixed tree (gw_row_sum), by the task when it holds whole rows, else after all tasks from a scratch array.
+   Tasks hold whole blocks (their pairs are a multiple of GW_PAIRS), so the bits depend neither on the
+   thread count nor on the cut of the rows. (A horizontal sum per block instead: +6 % of the stage-1 time.) */
+
+enum { MX_BLOCK = 32, GW_PAIRS = 128 };
 
 /* Pairs per task, a multiple of 32: whole rows where their tile fits in half the L2 (within [128 KiB,
    1 MiB]; 256 KiB where the C library does not say) and there are still 4 tasks per thread, else each row
@@ -24,18 +33,19 @@ enum { MX_BLOCK = 32 };
    forward on one. */
 INLINE int64_t mx_task_pairs(const swiglu_mx_args *a, int64_t n_blocks, int n_threads) {
     const int64_t half = a->cols / 2, es = a->dtype == SWIGLU_FP32 ? 4 : 2, outs = a->backward ? 2 : 1;
+    const int64_t unit = a->backward && a->weight != NULL ? GW_PAIRS : MX_BLOCK; /* whole grad_weight blocks */
     const int64_t l2 = (int64_t)swiglu_l2_cache_bytes();
     int64_t budget = l2 > 0 ? l2 / 2 : 256 << 10;
     budget = budget < 128 << 10 ? 128 << 10 : budget > 1 << 20 ? 1 << 20 : budget;
     int64_t cap = budget / (MX_BLOCK * outs * es);
     if (a->tile_pairs > 0 && a->tile_pairs < cap) cap = a->tile_pairs;
-    cap = cap < MX_BLOCK ? MX_BLOCK : cap / MX_BLOCK * MX_BLOCK;
+    cap = cap < unit ? unit : cap / unit * unit;
     const int64_t most = (half + MX_BLOCK - 1) / MX_BLOCK;
     const int64_t want = n_blocks > 0 ? (4 * (int64_t)n_threads + n_blocks - 1) / n_blocks : 1; /* no rows: no tasks */
     int64_t n = (half + cap - 1) / cap;
     if (n < want) n = want < most ? want : most;
     const int64_t per = (half + n - 1) / n;
-    return (per + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK;
+    return (per + unit - 1) / unit * unit;
 }
 
 /* A task's working memory, in its thread's buffer (swiglu_thread_buffer): ``ts`` tile columns. */
@@ -45,41 +55,55 @@ typedef struct {
     float *col_recip;           /* per column of a segment: its column block's multiplier, */
     uint16_t *col_off, *col_keep; /* and fp8x32_block's offset and keep */
     uint8_t *y2t;               /* transpose_y2: a segment's codes, [row][column] */
+    float *gw;                  /* grad_weight: the block sums of the task's rows, [row][ts / GW_PAIRS][16] */
 } mx_work;
 
 INLINE int mx_work_get(int64_t ts, mx_work *w) {
     const size_t cols = (size_t)(ts + 31) / 32 * 32; /* every array 64-byte aligned */
     const size_t tile = MX_BLOCK * cols * 4, amax = cols * 4, recip = cols * 4, off = cols * 2, y2t = MX_BLOCK * cols;
-    char *p = swiglu_thread_buffer(tile + amax + recip + 2 * off + y2t);
+    const size_t gw = MX_BLOCK * (cols / GW_PAIRS + 1) * 16 * 4;
+    char *p = swiglu_thread_buffer(tile + amax + recip + 2 * off + y2t + gw);
     if (p == NULL) return 0;
     *w = (mx_work){p, p + tile, (float *)(p + tile + amax), (uint16_t *)(p + tile + amax + recip),
-                   (uint16_t *)(p + tile + amax + recip + off), (uint8_t *)(p + tile + amax + recip + 2 * off)};
+                   (uint16_t *)(p + tile + amax + recip + off), (uint8_t *)(p + tile + amax + recip + 2 * off),
+                   (float *)(p + tile + amax + recip + 2 * off + y2t)};
     return 1;
 }
 
 typedef struct { /* a 32-row block: batch, first row, rows, mxscale2 row and slot */
     int64_t b, row0, nrows, s2_row, slot;
+    int64_t gw_only; /* rows past the last group end: only their grad_weight (no outputs) */
 } mx_block;
 
 typedef struct {
     const swiglu_mx_args *a;
     const mx_block *blocks;
     act_fn act;
+    act_fn act_fwd;          /* backward with weight: the forward's activation (act16 of grad_weight), */
+    act_fn act_pair;         /* or, 16-bit inputs, both activations from one table of pairs */
     mx_format fmt;
     int64_t chunk, n_chunks; /* pairs per task, tasks per block of rows */
     int64_t width;           /* output columns of a row: cols (backward), cols / 2 (forward) */
+    int64_t gw_blocks;       /* grad_weight blocks per row, ceil(cols / 2 / GW_PAIRS) */
+    float *gw_parts;         /* [batch * m][gw_blocks][16] block sums when rows are cut (n_chunks > 1), else NULL */
     atomic_int *failed;      /* set by a task whose working memory could not be allocated */
 } mx_job;
 
 /* ------------------------------------------------------------------------------------------ stage 1 */
 
+/* fp32 values rounded to ``dt`` and widened back (fp32: unchanged). */
+INLINE vf round_to(vf v, const int dt) { return dt == SWIGLU_FP32 ? v : widen(narrow(v, dt), dt); }
+
 /* The stage-1 results of 16 pairs of a row, in fp32: the forward's in *ya (+0 in the lanes past the pairs),
    the backward's A and B gradients in *ya and *yb. ``xa``/``xb``: the row's A and B halves (chunked: from
    the task's first pair; interleaved: ``xa`` the row's first pair, ``xb`` unused); ``m``: the pairs that
-   exist (``full``: all 16). A constant full ``m`` gives plain loads. */
-INLINE void mx_pairs(const glu_consts *c, const char *xa, const char *xb, const char *dy, int64_t q, int a_index,
-                     vm m, const int full, const int dt, const int bwd, const int inter, const int clipped, vf *ya,
-                     vf *yb) {
+   exist (``full``: all 16). A constant full ``m`` gives plain loads. ``wt`` (a constant): times the row's
+   routing weight ``w`` last; the weighted backward also gives ``*pr`` = dy * act16 (+0 past the pairs),
+   act16 the forward's stage 1 (``cf``: its activation ``act``; for 16-bit inputs ``act2``, the pair table
+   of both activations, one lookup instead of two) rounded to the dtype. */
+INLINE void mx_pairs(const glu_consts *c, const glu_consts *cf, const char *xa, const char *xb, const char *dy,
+                     int64_t q, int a_index, vm m, const int full, const int dt, const int bwd, const int inter,
+                     const int clipped, const int wt, vf w, vf *ya, vf *yb, vf *pr) {
     vu ab, bb;
     if (inter) {
         vu even, odd;
@@ -92,8 +116,29 @@ INLINE void mx_pairs(const glu_consts *c, const char *xa, const char *xb, const 
     }
     const vf av = widen(ab, dt), bv = widen(bb, dt);
     const act_idx ai = act_idx_at(ab, (const uint16_t *)xa + (inter ? 2 * q + a_index : q), inter, full, dt);
-    if (!bwd) *ya = v_sel(m, glu_fwd(c, av, ai, bv, clipped, 0, dt), v_zero());
-    else glu_bwd(c, av, ai, bv, ld(dy, q, dt, m), clipped, 0, dt, ya, yb);
+    if (!bwd) {
+        const vf y = glu_fwd(c, av, ai, bv, clipped, 0, dt);
+        *ya = v_sel(m, wt ? v_mul(y, w) : y, v_zero());
+        return;
+    }
+    const vf dyv = ld(dy, q, dt, m);
+    if (!wt) {
+        glu_bwd(c, av, ai, bv, dyv, clipped, 0, dt, ya, yb);
+        return;
+    }
+    vf fwd;
+    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) {
+        vf s, g;
+        v_lookup2(cf->act2.table, ai.bits, ai.src, ai.stride, &s, &g);
+        glu_bwd_of(c, av, s, bv, dyv, clipped, ya, yb);
+        fwd = glu_fwd_of(cf, g, bv, clipped, 0);
+    } else {
+        glu_bwd(c, av, ai, bv, dyv, clipped, 0, dt, ya, yb);
+        fwd = glu_fwd(cf, av, ai, bv, clipped, 0, dt);
+    }
+    *ya = v_mul(*ya, w);
+    *yb = v_mul(*yb, w);
+    *pr = v_sel(m, v_mul(dyv, round_to(fwd, dt)), v_zero());
 }
 
 /* Stored values into a tile row from column ``col`` and the running amax of their magnitude bits per
@@ -111,12 +156,14 @@ INLINE void tile_put32(uint32_t *t, uint32_t *ca, int64_t col, vu v, vm m) {
    rounded results as stored bits into the tile row ``t`` (output-column order; chunked: A's and B's results
    at ``ta``/``tb``) and their column amax into ``ca``. 16-bit results are rounded 32 at a time (narrow2):
    32 pairs per step, or 16 for the interleaved backward (32 results); fp32: 16 pairs. The forward fills
-   its lanes past the pairs with +0, up to the next 32 columns, so that a partial block reads zeros. */
-INLINE void mx_stage1_step(const glu_consts *c, const char *xa, const char *xb, const char *dy, void *t, void *ca,
-                           int64_t q, int64_t n, int64_t ta, int64_t tb, int a_index, const int dt, const int bwd,
-                           const int inter, const int clipped) {
-    vf ya, yb, ya2, yb2;
-    mx_pairs(c, xa, xb, dy, q, a_index, m_lanes(n), n >= 16, dt, bwd, inter, clipped, &ya, &yb);
+   its lanes past the pairs with +0, up to the next 32 columns, so that a partial block reads zeros. The
+   weighted backward adds its products dy * act16 to ``acc``, 16 pairs at a time in pair order. */
+INLINE void mx_stage1_step(const glu_consts *c, const glu_consts *cf, const char *xa, const char *xb, const char *dy,
+                           void *t, void *ca, int64_t q, int64_t n, int64_t ta, int64_t tb, int a_index, const int dt,
+                           const int bwd, const int inter, const int clipped, const int wt, vf w, vf *acc) {
+    vf ya, yb, ya2, yb2, pr, pr2;
+    mx_pairs(c, cf, xa, xb, dy, q, a_index, m_lanes(n), n >= 16, dt, bwd, inter, clipped, wt, w, &ya, &yb, &pr);
+    if (bwd && wt) *acc = v_add(*acc, pr); /* the weighted backward's dy * act16, pair by pair in order */
     if (dt == SWIGLU_FP32) {
         if (!bwd) {
             tile_put32(t, ca, q, narrow(ya, dt), m_all());
@@ -139,7 +186,9 @@ INLINE void mx_stage1_step(const glu_consts *c, const char *xa, const char *xb, 
         tile_put16(t, ca, 2 * q, v, w_lanes(2 * n));
         return;
     }
-    mx_pairs(c, xa, xb, dy, q + 16, a_index, m_lanes(n - 16), n >= 32, dt, bwd, inter, clipped, &ya2, &yb2);
+    mx_pairs(c, cf, xa, xb, dy, q + 16, a_index, m_lanes(n - 16), n >= 32, dt, bwd, inter, clipped, wt, w, &ya2, &yb2,
+             &pr2);
+    if (bwd && wt) *acc = v_add(*acc, pr2);
     if (!bwd) {
         tile_put16(t, ca, q, narrow2(ya, ya2, dt), w_lanes(32));
         return;
@@ -161,14 +210,34 @@ INLINE void mx_prefetch(const char *xa, const char *xb, const char *dy, int64_t 
         for (int64_t o = 0; o < step * es; o += 64) __builtin_prefetch(dy + q * es + o, 0, 3);
 }
 
+/* The sum of a row's ``n`` >= 1 grad_weight block sums (``p``: n vectors of 16 lanes, overwritten): the
+   vectors lane-wise in a fixed tree (vector i + vector i + ceil(len / 2), until one is left), then its lanes
+   (lane i + lane i + 8, then + 4, + 2, + 1). */
+static float FN(gw_row_sum)(float *p, int64_t n) {
+    for (int64_t len = n; len > 1; len = (len + 1) / 2)
+        for (int64_t i = 0; i < len / 2; i++)
+            v_storef(p + 16 * i, v_add(v_loadf(p + 16 * i, m_all()), v_loadf(p + 16 * (i + (len + 1) / 2), m_all())),
+                     m_all());
+    float r[16];
+    memcpy(r, p, sizeof r);
+    for (int k = 8; k >= 1; k /= 2)
+        for (int i = 0; i < k; i++) r[i] = r[i] + r[i + k];
+    return r[0];
+}
+
 /* Rows of a task: mx_stage1_vec over the task's pairs, full vectors first. The forward stores +0 past its
-   pairs up to the next 32 columns, so that a partial block reads zeros. */
+   pairs up to the next 32 columns, so that a partial block reads zeros. ``wt`` (a constant): with the
+   routing weight; the backward then writes each row's grad_weight block sums at ``gw`` (16 lanes each; row
+   i's at ``gw + i * (chunk / GW_PAIRS) * 16``, the task's first pair a block start). */
 INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_t w, void *tile, int64_t ts,
-                      void *col_amax, const int dt, const int bwd, const int inter, const int clipped) {
+                      void *col_amax, float *gw, const int dt, const int bwd, const int inter, const int clipped,
+                      const int wt) {
     const swiglu_mx_args *a = job->a;
     const int64_t half = a->cols / 2, es = dt == SWIGLU_FP32 ? 4 : 2;
     const int a_index = a->glu.a_index;
     const glu_consts c = glu_setup(&a->glu, &job->act, &job->act);
+    const glu_consts cf = glu_setup(&a->glu, &job->act_fwd, &job->act_pair);
+    const int64_t nbt = job->chunk / GW_PAIRS; /* grad_weight blocks per task row */
     const int64_t span = bwd ? w : (w + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK; /* pairs to store */
     const int64_t step = dt == SWIGLU_FP32 || (bwd && inter) ? 16 : 32; /* pairs per mx_stage1_step */
     /* chunked: A's and B's first pair in the row, and their tile segments (x's left half first) */
@@ -176,6 +245,9 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
     const int64_t ta = a_index * job->chunk, tb = (1 - a_index) * job->chunk;
     for (int64_t i = 0; i < blk->nrows; i++) {
         const int64_t row = blk->b * a->m + blk->row0 + i;
+        const vf wv = v_set(wt ? a->weight[row] : 1.0f);
+        float *g = gw + i * nbt * 16;
+        vf acc = v_zero();
         const char *x = (const char *)a->x + row * a->cols * es;
         const char *dy = bwd ? (const char *)a->dy + (row * half + p0) * es : NULL;
         char *t = (char *)tile + i * ts * es;
@@ -184,12 +256,21 @@ INLINE void mx_stage1(const mx_job *job, const mx_block *blk, int64_t p0, int64_
         int64_t q = 0;
         for (; q + step <= w; q += step) {
             if (xn != NULL) mx_prefetch(xn + xa * es, xn + xb * es, dyn, q, step, es, inter);
-            mx_stage1_step(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, 32, ta, tb, a_index, dt, bwd, inter,
-                           clipped);
+            mx_stage1_step(&c, &cf, x + xa * es, x + xb * es, dy, t, col_amax, q, 32, ta, tb, a_index, dt, bwd, inter,
+                           clipped, wt, wv, &acc);
+            if (bwd && wt && ((q + step) % GW_PAIRS == 0 || q + step >= w)) { /* a block's end */
+                v_storef(g + q / GW_PAIRS * 16, acc, m_all());
+                acc = v_zero();
+            }
         }
-        for (; q < span; q += step)
-            mx_stage1_step(&c, x + xa * es, x + xb * es, dy, t, col_amax, q, w - q, ta, tb, a_index, dt, bwd, inter,
-                           clipped);
+        for (; q < span; q += step) {
+            mx_stage1_step(&c, &cf, x + xa * es, x + xb * es, dy, t, col_amax, q, w - q, ta, tb, a_index, dt, bwd,
+                           inter, clipped, wt, wv, &acc);
+            if (bwd && wt && ((q + step) % GW_PAIRS == 0 || q + step >= w)) {
+                v_storef(g + q / GW_PAIRS * 16, acc, m_all());
+                acc = v_zero();
+            }
+        }
     }
 }
 
@@ -363,18 +444,20 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
 
 /* One function per specialisation of each phase (see glu.h): stage 1 per (dtype, direction, layout,
    variant), the quantisation per (dtype, FP8 or FP4). */
-typedef void (*mx_stage1_fn)(const mx_job *, const mx_block *, int64_t, int64_t, void *, int64_t, void *);
+typedef void (*mx_stage1_fn)(const mx_job *, const mx_block *, int64_t, int64_t, void *, int64_t, void *, float *);
 typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const mx_work *, int64_t, int64_t, int64_t,
                                int64_t);
-#define MX_STAGE1_SPEC(DTN, BWD, INTER, CLIPPED)                                                              \
-    PHASE void mx_stage1_##DTN##_##BWD##INTER##CLIPPED(const mx_job *job, const mx_block *blk, int64_t p0,    \
-                                                       int64_t w, void *tile, int64_t ts, void *col_amax) {     \
-        mx_stage1(job, blk, p0, w, tile, ts, col_amax, SWIGLU_##DTN, BWD, INTER, CLIPPED);                   \
+#define MX_STAGE1_SPEC(DTN, BWD, INTER, CLIPPED, WT)                                                            \
+    PHASE void mx_stage1_##DTN##_##BWD##INTER##CLIPPED##WT(const mx_job *job, const mx_block *blk, int64_t p0,    \
+                                                           int64_t w, void *tile, int64_t ts, void *col_amax,      \
+                                                           float *gw) {                                            \
+        mx_stage1(job, blk, p0, w, tile, ts, col_amax, gw, SWIGLU_##DTN, BWD, INTER, CLIPPED, WT);                \
     }
-#define MX_STAGE1_SPECS(DTN)                                                                            \
-    MX_STAGE1_SPEC(DTN, 0, 0, 0) MX_STAGE1_SPEC(DTN, 0, 0, 1) MX_STAGE1_SPEC(DTN, 0, 1, 0)              \
-    MX_STAGE1_SPEC(DTN, 0, 1, 1) MX_STAGE1_SPEC(DTN, 1, 0, 0) MX_STAGE1_SPEC(DTN, 1, 0, 1)              \
-    MX_STAGE1_SPEC(DTN, 1, 1, 0) MX_STAGE1_SPEC(DTN, 1, 1, 1)
+#define MX_STAGE1_SPECS_W(DTN, WT)                                                                      \
+    MX_STAGE1_SPEC(DTN, 0, 0, 0, WT) MX_STAGE1_SPEC(DTN, 0, 0, 1, WT) MX_STAGE1_SPEC(DTN, 0, 1, 0, WT)  \
+    MX_STAGE1_SPEC(DTN, 0, 1, 1, WT) MX_STAGE1_SPEC(DTN, 1, 0, 0, WT) MX_STAGE1_SPEC(DTN, 1, 0, 1, WT)  \
+    MX_STAGE1_SPEC(DTN, 1, 1, 0, WT) MX_STAGE1_SPEC(DTN, 1, 1, 1, WT)
+#define MX_STAGE1_SPECS(DTN) MX_STAGE1_SPECS_W(DTN, 0) MX_STAGE1_SPECS_W(DTN, 1)
 #define MX_QUANTISE_SPEC(DTN, FP4)                                                                           \
     PHASE void mx_quantise_##DTN##_##FP4(const mx_job *job, const mx_block *blk, const mx_work *wk, int64_t ts, \
                                          int64_t tc, int64_t col0, int64_t width) {                         \
@@ -390,15 +473,19 @@ MX_QUANTISE_SPEC(FP16, 1)
 MX_QUANTISE_SPEC(FP32, 0)
 MX_QUANTISE_SPEC(FP32, 1)
 
-#define MX_STAGE1_ROW(DTN)                                                                                    \
-    {{{mx_stage1_##DTN##_000, mx_stage1_##DTN##_001}, {mx_stage1_##DTN##_010, mx_stage1_##DTN##_011}},        \
-     {{mx_stage1_##DTN##_100, mx_stage1_##DTN##_101}, {mx_stage1_##DTN##_110, mx_stage1_##DTN##_111}}}
-/* [dtype][backward][interleaved][clipped] and [dtype][fp4] */
-static const mx_stage1_fn mx_stage1_fns[3][2][2][2] = {MX_STAGE1_ROW(BF16), MX_STAGE1_ROW(FP16), MX_STAGE1_ROW(FP32)};
+#define MX_STAGE1_PAIR(DTN, BIC) {mx_stage1_##DTN##_##BIC##0, mx_stage1_##DTN##_##BIC##1}
+#define MX_STAGE1_ROW(DTN)                                                                                     \
+    {{{MX_STAGE1_PAIR(DTN, 000), MX_STAGE1_PAIR(DTN, 001)}, {MX_STAGE1_PAIR(DTN, 010), MX_STAGE1_PAIR(DTN, 011)}}, \
+     {{MX_STAGE1_PAIR(DTN, 100), MX_STAGE1_PAIR(DTN, 101)}, {MX_STAGE1_PAIR(DTN, 110), MX_STAGE1_PAIR(DTN, 111)}}}
+/* [dtype][backward][interleaved][clipped][weighted] and [dtype][fp4] */
+static const mx_stage1_fn mx_stage1_fns[3][2][2][2][2] = {MX_STAGE1_ROW(BF16), MX_STAGE1_ROW(FP16),
+                                                           MX_STAGE1_ROW(FP32)};
 static const mx_quantise_fn mx_quantise_fns[3][2] = {
     {mx_quantise_BF16_0, mx_quantise_BF16_1}, {mx_quantise_FP16_0, mx_quantise_FP16_1}, {mx_quantise_FP32_0, mx_quantise_FP32_1}};
 #undef MX_STAGE1_SPEC
 #undef MX_STAGE1_SPECS
+#undef MX_STAGE1_SPECS_W
+#undef MX_STAGE1_PAIR
 #undef MX_QUANTISE_SPEC
 #undef MX_STAGE1_ROW
 
@@ -415,9 +502,19 @@ static void FN(mx_task)(const void *ctx, int64_t t) {
         return;
     }
     memset(wk.col_amax, 0, (size_t)(ts * (a->dtype == SWIGLU_FP32 ? 4 : 2)));
-    const int inter = a->glu.interleaved != 0;
-    mx_stage1_fns[a->dtype][a->backward != 0][inter][a->glu.clipped != 0](job, blk, p0, w, wk.tile, ts,
-                                                                          wk.col_amax);
+    const int inter = a->glu.interleaved != 0, wt = a->weight != NULL;
+    mx_stage1_fns[a->dtype][a->backward != 0][inter][a->glu.clipped != 0][wt](job, blk, p0, w, wk.tile, ts,
+                                                                              wk.col_amax, wk.gw);
+    if (wt && a->backward) { /* grad_weight: the rows' sums now (whole rows), else their block sums for later */
+        const int64_t nbt = chunk / GW_PAIRS, nb = (w + GW_PAIRS - 1) / GW_PAIRS;
+        for (int64_t i = 0; i < blk->nrows; i++) {
+            const int64_t row = blk->b * a->m + blk->row0 + i;
+            float *g = wk.gw + i * nbt * 16;
+            if (job->gw_parts == NULL) a->grad_weight[row] = 0.0f + FN(gw_row_sum)(g, nb);
+            else memcpy(job->gw_parts + (row * job->gw_blocks + p0 / GW_PAIRS) * 16, g, sizeof(float) * 16 * nb);
+        }
+    }
+    if (blk->gw_only) return;
     const mx_quantise_fn quantise = mx_quantise_fns[a->dtype][job->fmt.fp4];
     if (!a->backward) quantise(job, blk, &wk, ts, 0, p0, w);
     else if (inter) quantise(job, blk, &wk, ts, 0, 2 * p0, 2 * w);
@@ -466,13 +563,25 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     act_fn act2;
     glu_acts(&a->glu, a->backward, &job.act, &act2);
     if (a->glu.clipped && a->glu.clamp_mode != 0) return -1; /* the MX operators take clamp_mode 0 */
-    float *owned;
+    const int gw = a->backward && a->weight != NULL;
+    if (gw && a->grad_weight == NULL) return -1;
+    glu_acts(&a->glu, 0, &job.act_fwd, &act2); /* the forward's activation: act16 of grad_weight */
+    const int pairs = gw && a->dtype != SWIGLU_FP32 && SIMD_TABLE_PAIRS; /* both from one table */
+    job.act_pair = (act_fn){NULL, a->glu.clipped ? SWIGLU_ACT_GLU_SIG_GLU : SWIGLU_ACT_SIGMOID_GLU,
+                            a->glu.clipped ? a->glu.alpha : 1.0f, a->glu.clipped ? a->glu.limit : INFINITY};
+    float *owned, *owned_fwd = NULL;
     if (!act_with_table(&job.act, a->dtype, &owned)) return -2;
-    /* The 32-row blocks: restarting at every group start; each end clamped into [previous end, M]. */
+    if (gw && !act_with_table(pairs ? &job.act_pair : &job.act_fwd, a->dtype, &owned_fwd)) {
+        free(owned);
+        return -2;
+    }
+    /* The 32-row blocks: restarting at every group start; each end clamped into [previous end, M]; with
+       grad_weight also blocks of the rows past the last end (gw_only). */
     const int64_t per_slice = (a->m + MX_BLOCK - 1) / MX_BLOCK + (a->n_groups > 0 ? a->n_groups : 0);
-    mx_block *blocks = malloc(sizeof(mx_block) * (size_t)(a->batch * per_slice + 1));
+    mx_block *blocks = malloc(sizeof(mx_block) * (size_t)(a->batch * per_slice + per_slice + 1));
     if (blocks == NULL) {
         free(owned);
+        free(owned_fwd);
         return -2;
     }
     int64_t n = 0, covered = a->m;
@@ -490,18 +599,34 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
             start = end;
         }
         covered = start;
+        for (int64_t row0 = covered; gw && row0 < a->m; row0 += MX_BLOCK) /* (groups: batch 1) */
+            blocks[n++] = (mx_block){b, row0, a->m - row0 < MX_BLOCK ? a->m - row0 : MX_BLOCK, 0, 0, 1};
     }
     job.blocks = blocks;
     /* mxscale2 whole: the tasks write the slots their blocks map to, the others stay 0 */
     memset(a->s2, 0, (size_t)(a->batch * a->s2_rows * job.width * 2));
     job.chunk = mx_task_pairs(a, n, n_threads);
     job.n_chunks = (a->cols / 2 + job.chunk - 1) / job.chunk;
+    job.gw_blocks = (a->cols / 2 + GW_PAIRS - 1) / GW_PAIRS;
+    if (gw && job.n_chunks > 1 && (job.gw_parts = malloc(sizeof(float) * 16 * (size_t)(a->batch * a->m * job.gw_blocks))) == NULL) {
+        free(blocks);
+        free(owned);
+        free(owned_fwd);
+        return -2;
+    }
     atomic_int failed;
     atomic_init(&failed, 0);
     job.failed = &failed;
     swiglu_pool_run(FN(mx_task), &job, n * job.n_chunks, n_threads);
     free(blocks);
     free(owned);
+    free(owned_fwd);
+    if (job.gw_parts != NULL) { /* rows cut into several tasks: their block sums, in the same tree */
+        if (!atomic_load(&failed))
+            for (int64_t r = 0; r < a->batch * a->m; r++)
+                a->grad_weight[r] = 0.0f + FN(gw_row_sum)(job.gw_parts + r * job.gw_blocks * 16, job.gw_blocks);
+        free(job.gw_parts);
+    }
     if (atomic_load(&failed)) return -2;
     /* rows past the last (clamped) group end belong to no group: all their outputs are 0 */
     if (covered < a->m) {

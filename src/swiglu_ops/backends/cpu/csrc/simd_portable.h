@@ -60,7 +60,9 @@ INLINE int m_any(vm a) {
 }
 
 /* ----------------------------------------------------------------------------------------- floats */
-INLINE vf v_set(float x) { return (vf){0} + x; }
+/* A broadcast, bit for bit: ``(vf){0} + x`` would turn -0.0 into +0.0 (a routing weight of -0.0 must stay
+   -0.0: +0.0 * negative = -0.0) and quieten a signalling NaN. */
+INLINE vf v_set(float x) { return (vf){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 INLINE vf v_zero(void) { return (vf){0}; }
 INLINE vf v_add(vf a, vf b) { return a + b; }
 INLINE vf v_sub(vf a, vf b) { return a - b; }

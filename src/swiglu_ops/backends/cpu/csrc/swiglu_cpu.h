@@ -26,6 +26,9 @@
 #define SWIGLU_ACT_GLU_SIG 2
 #define SWIGLU_ACT_SILU_MIN 3
 #define SWIGLU_ACT_SILU_DERIV 4 /* two floats per input: (silu, silu') of swiglu_group_grad */
+/* two floats per input, (backward's, forward's) activation: the weighted MX backward's (stage 1, act16) */
+#define SWIGLU_ACT_SIGMOID_GLU 5  /* (SIGMOID, GLU): the plain SwiGLU */
+#define SWIGLU_ACT_GLU_SIG_GLU 6  /* (GLU_SIG, GLU): the clipped SwiGLU, clamp_mode 0 */
 
 /* MX element formats and FP4 round modes */
 #define SWIGLU_FMT_E4M3 0
@@ -38,7 +41,7 @@
 
 /* Bumped whenever a struct or prototype below changes: a library built from another version of this file
    is refused at load. */
-#define SWIGLU_ABI_VERSION 6
+#define SWIGLU_ABI_VERSION 7
 
 /* Which member of the GLU family (swiglu_ops.numerics.glu.GluParams). The kernels build and cache its activation
    tables themselves (swiglu_act_table). */
@@ -84,6 +87,9 @@ typedef struct {
     int32_t transpose_y2; /* y2 token-contiguous: [batch, width, m] (FP8 only) instead of [batch, m, width] */
     swiglu_glu glu;
     int64_t tile_pairs;   /* pairs per task at most; 0: the library's choice (the bits do not depend on it) */
+    /* routing weight (spec 7.1): w[row] = weight[b * m + row] multiplies stage 1 last, or NULL */
+    const float *weight;
+    float *grad_weight;   /* backward with weight: [batch * m], the pairwise-summed dy * act16 of every row */
 } swiglu_mx_args;
 
 int32_t swiglu_cpu_abi_version(void);
