@@ -1536,7 +1536,8 @@ def _mx_bwd_tile(
         part = tl.sum(tl.sum(prod, axis=3, keep_dims=True), axis=1, keep_dims=True)
     else:
         part = 0.0
-    if PAD_SELECT or (HAS_WEIGHT and not PLAIN_LOADS):  # the padding is not +0.0 (swiglu_ops.backends.triton.padding)
+    # the padding is not +0.0 (swiglu_ops.backends.triton.padding)
+    if PAD_SELECT or (HAS_WEIGHT and not PLAIN_LOADS):
         ga = tl.where(ok, ga, 0.0)
         gb = tl.where(ok, gb, 0.0)
     if INTERLEAVED:
