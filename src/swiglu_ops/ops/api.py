@@ -44,13 +44,10 @@ def _public_result(op: OpDef, outs, values: dict):
     drops it); one output alone, not in a tuple."""
     if len(op.outputs) == 1:
         return outs[0]
-    result = []
-    for spec, t in zip(op.outputs, outs, strict=True):
-        if spec.present(values):
-            result.append(t)
-        elif not spec.dropped:
-            result.append(None)
-    return tuple(result)
+    returned = op.returned(values)
+    return tuple(
+        t if o.present(values) else None for o, t in zip(op.outputs, outs, strict=True) if o in returned
+    )
 
 
 def _via_custom_op(op: OpDef, values: dict, backend, out):

@@ -78,7 +78,7 @@ class Output:
     dropped: bool = False
 
     def present(self, values: dict) -> bool:
-        return self.when is None or values[self.when] is not None
+        return self.when is None or values.get(self.when) is not None
 
 
 @dataclass
@@ -125,6 +125,10 @@ class OpDef:
     @property
     def qualified(self) -> str:
         return f"swiglu_ops::{self.name}"
+
+    def returned(self, values: dict) -> list[Output]:
+        """The outputs the public function returns for these arguments (an absent dropped one is left out)."""
+        return [o for o in self.outputs if o.present(values) or not o.dropped]
 
     def out_names(self) -> list[str]:
         if len(self.outputs) == 1:
@@ -211,7 +215,15 @@ def _example_bwd_mx(gen, dtype, device, case=0):
         y_grad=_randn(gen, (*shape[:-1], shape[-1] // 2), dtype, device),
         group_index=None if ends is None else torch.tensor(ends, device=device),
         **extra,
+        **(_weights(gen, shape[:-1], device) if case == 2 else {}),
     )
+
+
+def _weights(gen, lead, device):
+    """A routing weight per row (spec 7.1) with negatives and zeros."""
+    w = torch.randn(lead, generator=gen)
+    w.view(-1)[::7] = 0.0
+    return dict(weight=w.to(device))
 
 
 def _example_fwd_mx(gen, dtype, device, case=0):
@@ -221,7 +233,8 @@ def _example_fwd_mx(gen, dtype, device, case=0):
         2: ((2, 37, 140), None, dict(_GPT_OSS, dst_dtype=torch.float4_e2m1fn_x2, round_mode="floor")),
     }[case]
     ends = None if ends is None else torch.tensor(ends, device=device)
-    return dict(x=_randn(gen, shape, dtype, device, 3.0), group_index=ends, **extra)
+    weight = _weights(gen, shape[:-1], device) if case == 2 else {}
+    return dict(x=_randn(gen, shape, dtype, device, 3.0), group_index=ends, **extra, **weight)
 
 
 def _example_clipped(gen, dtype, device, case=0, *, grad=False):
