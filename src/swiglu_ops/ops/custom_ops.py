@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from ..numerics import mx
-from . import api, registry
+from . import api, registry, sharding
 from .table import OPERATORS, REQUIRED, OpDef
 
 _DEVICES = ("cpu", "cuda")
@@ -101,6 +101,9 @@ def _register(op: OpDef) -> None:
 
 for _op in OPERATORS.values():
     _register(_op)
+
+# DTensor's sharding rules for every op above (registered once torch.distributed.tensor is imported)
+sharding.register_when_loaded()
 
 
 # -------------------------------------------------------------------------------------- mx_dequantize
