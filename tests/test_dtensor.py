@@ -350,3 +350,33 @@ def test_every_operator_has_a_layout_and_a_case():
     assert {c[1][3:] for c in CASES if c[1].startswith("op:")} == set(OPERATORS)
     public = {c[1] for c in CASES if not c[1].startswith("op:")}
     assert public == {op.name for op in PUBLIC} | {"clipped_swiglu_grad_mode1"}
+
+
+_REGISTERED = """
+import torch
+from torch.distributed.tensor import DTensor
+from swiglu_ops.ops import sharding
+propagator = DTensor._op_dispatcher.sharding_propagator
+for name in sharding.LAYOUTS:
+    overload = getattr(torch.ops.swiglu_ops, name).default
+    assert overload in propagator.op_strategy_funcs, name
+    info = propagator.op_to_schema_info[overload]
+    kw = {a.name for a in overload._schema.arguments if a.kwarg_only}  # keyed on every attribute
+    assert kw <= set(info.static_kwargkey or ()), (name, info)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("first", ["torch.distributed.tensor", "swiglu_ops"])
+def test_rules_registered_in_either_import_order(first):
+    """Registered when torch.distributed.tensor is imported before swiglu_ops, and when after (the import
+    hook), with the sharding cache keyed on the bool attributes too."""
+    import os
+    import subprocess
+    import sys
+
+    other = "swiglu_ops" if first != "swiglu_ops" else "torch.distributed.tensor"
+    code = f"import {first}\nimport {other}\n" + _REGISTERED
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))  # fmt: skip
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
