@@ -47,6 +47,12 @@ def _args(kind: str, gen, m=M, c=C, dtype=torch.bfloat16, lead=()):
             y_origin=_randn(gen, m, c // 2),
             clamp_limit=7.0,
         )
+    if kind in ("deq1", "deq2"):  # mx_dequantize of the forward's y1/mxscale1 (axis -1) or y2/mxscale2
+        import swiglu_ops
+
+        y1, s1, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(x, interleaved=True, backend="reference")
+        data, scale = (y1, s1) if kind == "deq1" else (y2, s2)
+        return dict(data=data, scale=scale, axis=-1 if kind == "deq1" else -2)
     return dict(x=x)  # mx_fwd
 
 
@@ -210,6 +216,16 @@ CASES = [
     ("fwd-S1-weight", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(interleaved=True, weight="rows"), S1, None),
     ("fwd-S0-groups", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(group_index=[33, 33, 128]), S0, None),
     ("fwd-S0-misaligned", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(m=64), S0, None),
+    # mx_dequantize (rows independent on axis -1; M on whole 64-row pairs without groups on axis -2)
+    ("deq1-S0", "mx_dequantize", "deq1", {}, S0, [S0]),
+    ("deq1-S1", "mx_dequantize", "deq1", {}, S1, [S1]),
+    ("deq2-S0", "mx_dequantize", "deq2", {}, S0, [S0]),
+    ("deq2-S1", "mx_dequantize", "deq2", {}, S1, [S1]),
+    ("deq2-S1-groups", "mx_dequantize", "deq2", dict(group_index=[33, 33, 128]), S1, [S1]),
+    ("deq2-S0-groups-codes", "mx_dequantize", "deq2", dict(group_index=[33, 33, 128], codes=True), S0, None),
+    ("deq1-S1-misaligned-codes", "mx_dequantize", "deq1", dict(c=128, codes=True), S1, None),
+    ("op:deq2-S0", "op:mx_dequantize", "deq2", {}, S0, [S0]),
+    ("op:deq1-R-codes", "op:mx_dequantize", "deq1", dict(codes=True), R, [R]),
 ]
 _SHAPE_KEYS = ("m", "c", "lead")
 
@@ -235,6 +251,15 @@ def _case_call(case, backend: str, gen):
     if "group_index" in kwargs:
         kwargs["group_index"] = torch.tensor(kwargs["group_index"])
     args.update(kwargs)
+    if args.pop("codes", False):  # uint8 codes: gloo can gather them (not FP8 / E8M0) when redistributing
+        args.update(data=args["data"].view(torch.uint8), scale=args["scale"].view(torch.uint8))
+        args["dst_dtype"] = torch.float8_e4m3fn
+    if kind.startswith("deq") and args.get("group_index") is not None:  # the ends that made the scales
+        data, scale = _grouped_y2(gen, args["group_index"], args["data"].dtype)
+        args.update(data=data, scale=scale)
+    if target == "op:mx_dequantize":
+        values = dict(args, dst_dtype=None if args.get("dst_dtype") is None else "float8_e4m3fn")
+        return (lambda **a: torch.ops.swiglu_ops.mx_dequantize(**a)), values
     if target.startswith("op:"):
         name = target[3:]
         op = OPERATORS[name]
@@ -243,7 +268,17 @@ def _case_call(case, backend: str, gen):
         fn = getattr(torch.ops.swiglu_ops, name)
         return (lambda **a: fn(**a, backend=backend)), values
     fn = getattr(swiglu_ops, target, None) or getattr(api, target)
+    if target == "mx_dequantize":  # no backend: torch code
+        return fn, args
     return (lambda **a: fn(**a, backend=backend)), args
+
+
+def _grouped_y2(gen, ends, dtype):
+    import swiglu_ops
+
+    x = _randn(gen, M, C, scale=3.0)
+    _, _, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(x, ends, interleaved=True, backend="reference")
+    return (y2, s2) if dtype != torch.uint8 else (y2.view(torch.uint8), s2.view(torch.uint8))
 
 
 def _outputs(result) -> list:
@@ -279,7 +314,7 @@ def _check(case, backend: str, mesh, rank: int) -> str | None:
         if not isinstance(v, torch.Tensor):
             dargs[k] = v
         elif k == "group_index":
-            dargs[k] = distribute_tensor(v, mesh, [Replicate()])
+            dargs[k] = distribute_tensor(v, mesh, [Replicate()], src_data_rank=None)
         elif placement == "P":  # Partial: the two ranks' halves (their sum in the dtype is the value)
             dt = DTensor.from_local(v / 2 if v.is_floating_point() else v, mesh, [Partial()] if
                                     v.is_floating_point() else [Replicate()])  # fmt: skip
@@ -287,7 +322,7 @@ def _check(case, backend: str, mesh, rank: int) -> str | None:
             expected_args[k] = dt.full_tensor()
         else:  # a 1-D weight with the hidden dim sharded: replicated
             dim1 = placement == S1 and v.dim() < 2
-            dargs[k] = distribute_tensor(v, mesh, [_placement(R if dim1 else placement)])
+            dargs[k] = distribute_tensor(v, mesh, [_placement(R if dim1 else placement)], src_data_rank=None)
     try:
         expected = _outputs(fn(**expected_args))
     except TypeError as e:  # e.g. a branch whose kernels lack weight=: nothing to compare with
@@ -347,9 +382,9 @@ def test_every_operator_has_a_layout_and_a_case():
     from swiglu_ops.ops.table import OPERATORS, PUBLIC
 
     assert set(LAYOUTS) == set(OPERATORS)
-    assert {c[1][3:] for c in CASES if c[1].startswith("op:")} == set(OPERATORS)
+    assert {c[1][3:] for c in CASES if c[1].startswith("op:")} == set(OPERATORS) | {"mx_dequantize"}
     public = {c[1] for c in CASES if not c[1].startswith("op:")}
-    assert public == {op.name for op in PUBLIC} | {"clipped_swiglu_grad_mode1"}
+    assert public == {op.name for op in PUBLIC} | {"clipped_swiglu_grad_mode1", "mx_dequantize"}
 
 
 _REGISTERED = """

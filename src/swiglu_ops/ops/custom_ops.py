@@ -102,9 +102,6 @@ def _register(op: OpDef) -> None:
 for _op in OPERATORS.values():
     _register(_op)
 
-# DTensor's sharding rules for every op above (registered once torch.distributed.tensor is imported)
-sharding.register_when_loaded()
-
 
 # -------------------------------------------------------------------------------------- mx_dequantize
 
@@ -130,3 +127,7 @@ def _mx_dequantize_fake(data, scale, axis=-1, group_index=None, *, dtype=torch.f
     dst = None if dst_dtype is None else mx.dst_from_name(dst_dtype)
     _, shape = dequantize_spec(data, scale, axis, group_index, dst)
     return data.new_empty(shape, dtype=dtype)
+
+
+# DTensor's sharding rules for every op of this module (registered once torch.distributed.tensor is imported)
+sharding.register_when_loaded()

@@ -2,9 +2,10 @@
 
 Every row of :mod:`.table` is declared here once (:data:`LAYOUTS`): the *role* of each tensor parameter and
 each output (``data``: x's shape or x's with the hidden dim halved, token dims first; ``weight``: one value
-per row, sharded like the rows; ``scale1`` / ``scale2`` / ``y2``: the MX scales and the possibly transposed
-y2; ``group``: group_index, always replicated) and the rule that says, for given arguments and mesh size,
-which dims of x are *token* dims and which one is the *hidden* dim that may be sharded exactly. From that,
+per row, sharded like the rows; ``scale``: an MX scale, ``[*batch, M, P, 2]`` or ``[*batch, R, C, 2]``;
+``y2``: the possibly transposed y2; ``group``: group_index, always replicated) and the rule that says, for
+given arguments and mesh size, which dims of x are *token* dims and which one is the *hidden* dim that may
+be sharded exactly (:data:`DEQUANTIZE`: the same for ``torch.ops.swiglu_ops.mx_dequantize``). From that,
 :func:`strategies` writes DTensor's strategy list (``register_sharding``'s convention: one
 ``(output placements, input placements)`` pair per strategy, one entry per output and per argument, None for
 a non-tensor or absent argument); DTensor picks the cheapest strategy for the inputs' placements and
@@ -111,7 +112,7 @@ def _mx_dims(width_of: Callable[[int], int]) -> Callable[[dict, int], Dims]:
     return dims
 
 
-_MX_OUT_ROLES = dict(y1="data", mxscale1="scale1", y2="y2", mxscale2="scale2", grad_weight="weight")
+_MX_OUT_ROLES = dict(y1="data", mxscale1="scale", y2="y2", mxscale2="scale", grad_weight="weight")
 
 #: Every operator's declaration, by name (a test checks that every row of the table has one).
 LAYOUTS: dict[str, Layout] = {
@@ -137,6 +138,25 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
+def _dequantize_dims(values: dict, n: int) -> Dims:
+    """mx_dequantize: data [*batch, M, W] (W bytes: N codes, or N/2 packed FP4 bytes) and its scale. Axis -1
+    (mxscale1 [*batch, M, P, 2]): rows are independent; the columns split on whole 64-element scale pairs
+    (``W % (64n) == 0``, conservative for FP4). Axis -2 (mxscale2 [*batch, R, N, 2]): columns are independent
+    (whole bytes: ``W % n == 0``); M splits on whole 64-row pairs without groups, batch dims always."""
+    data = _shape(values["data"])
+    *lead, m, w = data
+    if values["axis"] == -1:
+        return Dims(tuple(range(len(lead) + 1)), len(data) - 1 if w % (64 * n) == 0 else None)
+    token = tuple(range(len(lead)))
+    if values["group_index"] is None and m % (64 * n) == 0:
+        token += (len(lead),)
+    return Dims(token, len(data) - 1 if w % n == 0 else None)
+
+
+#: mx_dequantize (not a row of the table: its custom op is defined beside them in :mod:`.custom_ops`).
+DEQUANTIZE = Layout(dict(data="data", scale="scale", group_index="group", out="data"), _dequantize_dims)
+
+
 def _placement(role: str, mode: tuple[str, int] | None, dims: Dims):
     """The placement of a tensor of ``role`` in the strategy ``mode`` (None: replicate, ``("token", k)``,
     ``("hidden", d)``)."""
@@ -148,7 +168,7 @@ def _placement(role: str, mode: tuple[str, int] | None, dims: Dims):
     if kind == "token":
         if role == "y2" and dims.transpose_y2 and k == dims.m_dim:
             return Shard(k + 1)  # [*batch, C, M]: M is last
-        return Shard(k)  # data, weight, scale1 ([*batch, M, P, 2]), scale2 ([*batch, R, C, 2]), y2
+        return Shard(k)  # data, weight, scale ([*batch, M, P, 2] / [*batch, R, C, 2]), y2
     if role == "weight":
         raise AssertionError("hidden sharding is never offered with a weight")
     if role == "y2" and dims.transpose_y2:
@@ -170,11 +190,12 @@ def _bind(overload, args: tuple, kwargs: dict) -> dict:
     return values
 
 
-def strategies(op: OpDef, overload, args: tuple, kwargs: dict) -> list:
-    """``register_sharding``'s strategy list for one call of ``op`` (module docstring)."""
+def strategies(op: OpDef | None, overload, args: tuple, kwargs: dict) -> list:
+    """``register_sharding``'s strategy list for one call of ``op`` (module docstring; None:
+    mx_dequantize)."""
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-    layout = LAYOUTS[op.name]
+    layout = DEQUANTIZE if op is None else LAYOUTS[op.name]
     values = _bind(overload, args, kwargs)
     specs = [v for v in (*args, *kwargs.values()) if isinstance(v, DTensorSpec)]
     n = specs[0].mesh.size()
@@ -185,11 +206,15 @@ def strategies(op: OpDef, overload, args: tuple, kwargs: dict) -> list:
     modes = [None] + [("token", k) for k in dims.token]
     if dims.hidden is not None:
         modes.append(("hidden", dims.hidden))
+    # an absent output (the custom op's empty (0,) tensor) is replicated, like group_index
+    roles = (
+        [layout.roles["out"]]
+        if op is None
+        else [layout.roles[o.name] if o.present(values) else "group" for o in op.outputs]
+    )
     result = []
     for mode in modes:
-        outs = [
-            _placement(layout.roles[o.name] if o.present(values) else "group", mode, dims) for o in op.outputs
-        ]  # an absent output (an empty (0,) tensor) is replicated
+        outs = [_placement(role, mode, dims) for role in roles]
         ins = [
             _placement(layout.roles[name], mode, dims) if isinstance(v, DTensorSpec) else None
             for name, v in (*zip(_names(overload, len(args)), args, strict=True), *kwargs.items())
@@ -217,7 +242,8 @@ _registered = False
 
 
 def register() -> None:
-    """Register every operator's rules with DTensor (imports ``torch.distributed.tensor``); idempotent."""
+    """Register every operator's rules, and mx_dequantize's, with DTensor (imports
+    ``torch.distributed.tensor``); idempotent."""
     global _registered
     if _registered:
         return
@@ -225,8 +251,8 @@ def register() -> None:
     from torch.distributed.tensor.experimental import register_sharding
 
     propagator = DTensor._op_dispatcher.sharding_propagator
-    for op in OPERATORS.values():
-        overload = getattr(torch.ops.swiglu_ops, op.name).default
+    for op in (*OPERATORS.values(), None):
+        overload = getattr(torch.ops.swiglu_ops, "mx_dequantize" if op is None else op.name).default
 
         def rule(*args, _op=op, _overload=overload, **kwargs):
             return strategies(_op, _overload, args, kwargs)
