@@ -11,6 +11,8 @@ fake tensors, meta tensors and tensor subclasses reach the operators through tor
 The ops return fresh tensors (no ``out=``, nothing mutated). An output that exists only with some argument
 (``swiglu_group_grad``'s grad_weight without weight) is an empty fp32 ``(0,)`` tensor here (a schema cannot
 return None); the public functions return None there. Also here: ``torch.ops.swiglu_ops.mx_dequantize``.
+Their DTensor sharding rules are in :mod:`.sharding`, registered at the end of this module (at once, or when
+``torch.distributed.tensor`` is imported).
 """
 
 from __future__ import annotations
