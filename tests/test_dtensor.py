@@ -4,11 +4,12 @@ gloo ranks on CPU, ONE spawned group for every check (the spawn costs seconds).
 Every custom op (``torch.ops.swiglu_ops.*``) and every public function (which route DTensors to them) runs
 on DTensors with each exact placement (Replicate; token Shard without groups, on whole 64-row pairs for the
 MX operators, weight sharded like the rows; hidden Shard of the interleaved layouts, whole pairs / blocks),
-for the ``reference`` and ``cpu`` backends: the outputs' placements are the ones the rules promise (no
-gather), and the gathered result is bit for bit the single-process call on the whole tensors. The inexact
-placements (a hidden shard of a chunked layout, a token shard with group_index, misaligned M or N, a weight
-with hidden sharding, Partial) are redistributed by DTensor: bit for bit too. FP8 / E8M0 / FP4 results
-cross the gather as uint8 views (gloo on torch 2.13 has no FP8). Tiny shapes (M = 128, 2N = 256).
+for the ``reference`` and ``cpu`` backends, on a 1-D mesh and a few on a (1, 2) mesh: the outputs'
+placements are the ones the rules promise (no gather), and the gathered result is bit for bit the
+single-process call on the whole tensors. The inexact placements (a hidden shard of a chunked layout, a
+token shard with group_index, misaligned M or N, a weight with hidden sharding, Partial) are redistributed
+by DTensor: bit for bit too. FP8 / E8M0 / FP4 results cross the gather as uint8 views (gloo on torch 2.13
+has no FP8). Tiny shapes (M = 128, 2N = 256).
 """
 
 from __future__ import annotations
@@ -227,6 +228,18 @@ CASES = [
     ("deq1-S1-misaligned-codes", "mx_dequantize", "deq1", dict(c=128, codes=True), S1, None),
     ("op:deq2-S0", "op:mx_dequantize", "deq2", {}, S0, [S0]),
     ("op:deq1-R-codes", "op:mx_dequantize", "deq1", dict(codes=True), R, [R]),
+    # a (1, 2) mesh: the single-dim strategies expanded over both mesh dims (token x hidden)
+    ("2d-clipped-S0S1", "clipped_swiglu", "clipped", {}, (S0, S1), [(S0, S1)]),
+    (
+        "2d-bwd-S1S0",
+        "swiglu_backward_mx_quant_dual_axis",
+        "mx_bwd",
+        dict(interleaved=True),
+        (S1, S0),
+        [(S1, S0)] * 4,
+    ),  # fmt: skip
+    ("2d-fwd-RS1", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(interleaved=True), (R, S1), [(R, S1)] * 4),
+    ("2d-group_grad-S0S1", "swiglu_group_grad", "group_grad", {}, (S0, S1), None),
 ]
 _SHAPE_KEYS = ("m", "c", "lead")
 
@@ -235,6 +248,11 @@ def _placement(name):
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     return {R: Replicate(), S0: Shard(0), S1: Shard(1), "P": Partial()}[name]
+
+
+def _placements(names) -> tuple:
+    """A name (the 1-D mesh) or a tuple of names, one per dim of the (1, 2) mesh."""
+    return tuple(map(_placement, (names,) if isinstance(names, str) else names))
 
 
 def _case_call(case, backend: str, gen):
@@ -302,11 +320,12 @@ def _gather(dt) -> torch.Tensor:
     return dt.full_tensor()
 
 
-def _check(case, backend: str, mesh, rank: int) -> str | None:
+def _check(case, backend: str, meshes, rank: int) -> str | None:
     """None if the case passes on this rank, else what differs."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
     case_id, _, _, _, placement, promised = case
+    mesh = meshes[0 if isinstance(placement, str) else 1]
     gen = torch.Generator().manual_seed(sum(map(ord, case_id)))
     fn, args = _case_call(case, backend, gen)
     expected_args = dict(args)
@@ -315,15 +334,16 @@ def _check(case, backend: str, mesh, rank: int) -> str | None:
         if not isinstance(v, torch.Tensor):
             dargs[k] = v
         elif k == "group_index":
-            dargs[k] = distribute_tensor(v, mesh, [Replicate()], src_data_rank=None)
+            dargs[k] = distribute_tensor(v, mesh, [Replicate()] * mesh.ndim, src_data_rank=None)
         elif placement == "P":  # Partial: the two ranks' halves (their sum in the dtype is the value)
             dt = DTensor.from_local(v / 2 if v.is_floating_point() else v, mesh, [Partial()] if
                                     v.is_floating_point() else [Replicate()])  # fmt: skip
             dargs[k] = dt
             expected_args[k] = dt.full_tensor()
         else:  # a 1-D weight with the hidden dim sharded: replicated
-            dim1 = placement == S1 and v.dim() < 2
-            dargs[k] = distribute_tensor(v, mesh, [_placement(R if dim1 else placement)], src_data_rank=None)
+            names = (placement,) if isinstance(placement, str) else placement
+            names = tuple(R if n == S1 and v.dim() < 2 else n for n in names)
+            dargs[k] = distribute_tensor(v, mesh, _placements(names), src_data_rank=None)
     try:
         expected = _outputs(fn(**expected_args))
     except TypeError as e:  # e.g. a branch whose kernels lack weight=: nothing to compare with, but the
@@ -340,7 +360,7 @@ def _check(case, backend: str, mesh, rank: int) -> str | None:
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         if not isinstance(g, DTensor):
             return f"output {i} is a {type(g).__name__}, not a DTensor"
-        if promised is not None and g.placements != (_placement(promised[i]),):
+        if promised is not None and g.placements != _placements(promised[i]):
             return f"output {i} placed {g.placements}, promised {promised[i]}"
         whole = _gather(g)
         if whole.shape != e.shape:
@@ -355,12 +375,12 @@ def _worker(rank: int, world_size: int) -> dict:
 
     import swiglu_ops
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    meshes = (init_device_mesh("cpu", (world_size,)), init_device_mesh("cpu", (1, world_size)))
     failures = {}
     for backend in BACKENDS:
         for case in CASES:
             try:
-                why = _check(case, backend, mesh, rank)
+                why = _check(case, backend, meshes, rank)
             except Exception as e:  # noqa: BLE001 - reported per case
                 why = f"{type(e).__name__}: {e}"
             if why is not None:
