@@ -11,6 +11,8 @@ fake tensors, meta tensors and tensor subclasses reach the operators through tor
 The ops return fresh tensors (no ``out=``, nothing mutated). An output that exists only with some argument
 (``swiglu_group_grad``'s grad_weight without weight) is an empty fp32 ``(0,)`` tensor here (a schema cannot
 return None); the public functions return None there. Also here: ``torch.ops.swiglu_ops.mx_dequantize``.
+Their DTensor sharding rules are in :mod:`.sharding`, registered at the end of this module (at once, or when
+``torch.distributed.tensor`` is imported).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 import torch
 
 from ..numerics import mx
-from . import api, registry
+from . import api, registry, sharding
 from .table import OPERATORS, REQUIRED, OpDef
 
 _DEVICES = ("cpu", "cuda")
@@ -127,3 +129,7 @@ def _mx_dequantize_fake(data, scale, axis=-1, group_index=None, *, dtype=torch.f
     dst = None if dst_dtype is None else mx.dst_from_name(dst_dtype)
     _, shape = dequantize_spec(data, scale, axis, group_index, dst)
     return data.new_empty(shape, dtype=dtype)
+
+
+# DTensor's sharding rules for every op of this module (registered once torch.distributed.tensor is imported)
+sharding.register_when_loaded()
