@@ -92,12 +92,14 @@ int32_t swiglu_cpu_isa_supported(int32_t isa) {
 
 /* Workers are started on first use and then wait for jobs. One job runs at a time: a caller that finds the
    pool busy (another Python thread inside an operator) runs its tasks alone, which gives the same bits.
-   The caller takes tasks too and waits only for the workers that joined the job while tasks were left:
-   a worker that gets no CPU in time (a machine busy with PyTorch's own OpenMP threads, which spin after
-   every parallel region) costs nothing, the others do its share, and it skips the job when it wakes.
+   The caller takes tasks too; a worker that gets no CPU in time (a machine busy with PyTorch's own OpenMP
+   threads, which spin after every parallel region) does no task, the others do its share, and it skips
+   the job when it wakes. The caller returns only when every worker has woken and looked at the job (and
+   those that joined have finished): no thread of the library runs after a call has returned.
    After fork() the child has no workers (only the calling thread is copied): an atfork handler resets the
    pool, and the child starts its own workers when it first needs them. Every thread runs the tasks with
-   the default floating-point environment (no flush-to-zero), whatever the caller's. */
+   the default floating-point environment (no flush-to-zero), whatever the caller's, and gets its own back
+   (run_tasks_from). */
 
 enum { MAX_WORKERS = 255 };
 
