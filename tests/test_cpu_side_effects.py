@@ -137,7 +137,7 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.slow(40)
+@pytest.mark.slow(20)
 @pytest.mark.parametrize("pool", ["auto", "own"])
 def test_calls_leave_threads_as_found(pool):
     env = dict(os.environ, SWIGLU_OPS_CPU_POOL=pool, OMP_NUM_THREADS="2")
