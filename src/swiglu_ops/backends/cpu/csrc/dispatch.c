@@ -14,6 +14,52 @@
 #define SWIGLU_X86 0
 #endif
 
+/* ------------------------------------------------------------------ the caller's floating-point state */
+
+/* Every entry point that computes runs with the default MXCSR (round to nearest, no FTZ / DAZ, exceptions
+   masked) and gives the caller's MXCSR back exactly as it found it, control bits and sticky exception flags
+   alike: the activation tables are built on the calling thread (NaN, inf and subnormal inputs raise IE, DE,
+   OE and UE), and a table built under the caller's FTZ / DAZ would be cached wrong for the whole process.
+   A thread that an entry point creates (a pool worker, or an OpenMP thread that libgomp starts inside
+   GOMP_parallel) inherits the MXCSR of the thread that creates it: threads are therefore only created while
+   the caller's own MXCSR is in place (fp_caller), so they start as they would have after a PyTorch
+   operation. Tasks save and restore the MXCSR of the thread that runs them (run_tasks_from). */
+#if SWIGLU_X86
+enum { FP_DEFAULT_CSR = 0x1F80 };
+static __thread unsigned int entry_csr; /* the caller's MXCSR, while an entry point runs on this thread */
+static __thread int in_entry;
+typedef struct {
+    unsigned int csr;
+    int outer;
+} fp_saved;
+static fp_saved fp_enter(void) {
+    const fp_saved saved = {_mm_getcsr(), !in_entry};
+    if (saved.outer) {
+        entry_csr = saved.csr;
+        in_entry = 1;
+    }
+    _mm_setcsr(FP_DEFAULT_CSR);
+    return saved;
+}
+static void fp_leave(fp_saved saved) {
+    if (saved.outer) in_entry = 0;
+    _mm_setcsr(saved.csr);
+}
+/* Around thread creation: the caller's MXCSR in place (returns the one to put back after). */
+static unsigned int fp_caller(void) {
+    const unsigned int now = _mm_getcsr();
+    if (in_entry) _mm_setcsr(entry_csr);
+    return now;
+}
+static void fp_back(unsigned int csr) { _mm_setcsr(csr); }
+#else
+typedef int fp_saved;
+static fp_saved fp_enter(void) { return 0; }
+static void fp_leave(fp_saved saved) { (void)saved; }
+static unsigned int fp_caller(void) { return 0; }
+static void fp_back(unsigned int csr) { (void)csr; }
+#endif
+
 #ifndef SWIGLU_SOURCE_HASH
 #define SWIGLU_SOURCE_HASH "unknown"
 #endif
@@ -46,12 +92,14 @@ int32_t swiglu_cpu_isa_supported(int32_t isa) {
 
 /* Workers are started on first use and then wait for jobs. One job runs at a time: a caller that finds the
    pool busy (another Python thread inside an operator) runs its tasks alone, which gives the same bits.
-   The caller takes tasks too and waits only for the workers that joined the job while tasks were left:
-   a worker that gets no CPU in time (a machine busy with PyTorch's own OpenMP threads, which spin after
-   every parallel region) costs nothing, the others do its share, and it skips the job when it wakes.
+   The caller takes tasks too; a worker that gets no CPU in time (a machine busy with PyTorch's own OpenMP
+   threads, which spin after every parallel region) does no task, the others do its share, and it skips
+   the job when it wakes. The caller returns only when every worker has woken and looked at the job (and
+   those that joined have finished): no thread of the library runs after a call has returned.
    After fork() the child has no workers (only the calling thread is copied): an atfork handler resets the
    pool, and the child starts its own workers when it first needs them. Every thread runs the tasks with
-   the default floating-point environment (no flush-to-zero), whatever the caller's. */
+   the default floating-point environment (no flush-to-zero), whatever the caller's, and gets its own back
+   (run_tasks_from). */
 
 enum { MAX_WORKERS = 255 };
 
@@ -67,6 +115,7 @@ static struct {
     int64_t n_tasks;
     int helpers;         /* at most this many workers join (the threads asked for, minus the caller) */
     int active;          /* workers inside the current job */
+    int unseen;          /* workers woken for the current job that have not looked at it yet */
     uint64_t born[MAX_WORKERS]; /* the generation when each worker was started: its first job is the next */
     atomic_llong next;   /* the next task */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER,
@@ -97,16 +146,19 @@ static void *worker(void *arg) {
     for (;;) {
         while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
         seen = pool.generation;
+        pool.unseen--;
         /* join only a job that is still open, has tasks left and wants more helpers */
-        if (!pool.open || index >= pool.helpers || atomic_load(&pool.next) >= pool.n_tasks) continue;
-        const task_fn fn = pool.fn;
-        const void *ctx = pool.ctx;
-        const int64_t n = pool.n_tasks;
-        pool.active++;
-        pthread_mutex_unlock(&pool.lock);
-        run_tasks(fn, ctx, n);
-        pthread_mutex_lock(&pool.lock);
-        if (--pool.active == 0) pthread_cond_signal(&pool.done);
+        if (pool.open && index < pool.helpers && atomic_load(&pool.next) < pool.n_tasks) {
+            const task_fn fn = pool.fn;
+            const void *ctx = pool.ctx;
+            const int64_t n = pool.n_tasks;
+            pool.active++;
+            pthread_mutex_unlock(&pool.lock);
+            run_tasks(fn, ctx, n);
+            pthread_mutex_lock(&pool.lock);
+            pool.active--;
+        }
+        if (pool.active == 0 && pool.unseen == 0) pthread_cond_signal(&pool.done);
     }
     return NULL;
 }
@@ -120,6 +172,7 @@ static void pool_after_fork_in_child(void) {
     pool.open = 0;
     pool.helpers = 0;
     pool.active = 0;
+    pool.unseen = 0;
 }
 
 static void tables_after_fork_in_child(void);
@@ -135,6 +188,7 @@ static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_chil
 /* Starts workers up to ``want`` (pool.lock held); returns how many there are. */
 static int grow_workers(int want) {
     if (want > MAX_WORKERS) want = MAX_WORKERS;
+    const unsigned int csr = fp_caller(); /* a new thread inherits the creator's MXCSR: the caller's */
     while (pool.n_workers < want) {
         pthread_attr_t attr;
         pthread_t thread;
@@ -147,6 +201,7 @@ static int grow_workers(int want) {
         if (failed) break;
         pool.n_workers++;
     }
+    fp_back(csr);
     return pool.n_workers;
 }
 
@@ -201,7 +256,10 @@ void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads
     if (helpers > 0 && use_gomp() && pthread_mutex_trylock(&pool.busy) == 0) {
         team_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks};
         atomic_init(&job.next, 0);
+        /* libgomp may start team threads here, which inherit this thread's MXCSR: the caller's */
+        const unsigned int csr = fp_caller();
         gomp_parallel(team_body, &job, (unsigned)(helpers + 1), 0);
+        fp_back(csr);
         pthread_mutex_unlock(&pool.busy);
         return;
     }
@@ -226,16 +284,18 @@ void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads
     pool.n_tasks = n_tasks;
     pool.helpers = n < helpers ? n : (int)helpers;
     pool.active = 0;
+    pool.unseen = n; /* every worker wakes: each looks at the job once */
     pool.open = 1;
     atomic_store(&pool.next, 0);
     pool.generation++;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     run_tasks(fn, ctx, n_tasks);
-    /* every task is taken: close the job (a worker waking later skips it) and wait for those inside */
+    /* every task is taken: close the job (a worker waking later skips it) and wait for those inside, and
+       for every worker to have looked at the job: none is left to wake up after the call returns */
     pthread_mutex_lock(&pool.lock);
     pool.open = 0;
-    while (pool.active > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    while (pool.active > 0 || pool.unseen > 0) pthread_cond_wait(&pool.done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.busy);
 }
@@ -368,20 +428,29 @@ static int isa_of(int32_t isa, isa_impl *impl) {
 
 void swiglu_act_table(int32_t kind, int32_t dtype, float alpha, float limit, float *out, int32_t isa) {
     isa_impl impl;
-    if (isa_of(isa, &impl) == 0) impl.act(kind, dtype, alpha, limit, out);
+    if (isa_of(isa, &impl) != 0) return;
+    const fp_saved fp = fp_enter();
+    impl.act(kind, dtype, alpha, limit, out);
+    fp_leave(fp);
 }
 
 void swiglu_fp8_x32_check(int32_t dtype, int32_t format, int32_t isa, int64_t *mismatches, int64_t *left) {
     isa_impl impl;
     *mismatches = *left = -1;
-    if (isa_of(isa, &impl) == 0 && dtype != SWIGLU_FP32) impl.fp8_check(dtype, format, mismatches, left);
+    if (isa_of(isa, &impl) != 0 || dtype == SWIGLU_FP32) return;
+    const fp_saved fp = fp_enter();
+    impl.fp8_check(dtype, format, mismatches, left);
+    fp_leave(fp);
 }
 
 int32_t swiglu_glu_run(const swiglu_glu_args *args, int32_t isa, int32_t n_threads) {
     isa_impl impl;
     if (isa_of(isa, &impl) != 0 || args->rows < 0 || args->cols < 2 || args->cols % 2 != 0) return -1;
     if (args->rows == 0) return 0;
-    return impl.glu(args, n_threads < 1 ? 1 : n_threads);
+    const fp_saved fp = fp_enter();
+    const int32_t rc = impl.glu(args, n_threads < 1 ? 1 : n_threads);
+    fp_leave(fp);
+    return rc;
 }
 
 int32_t swiglu_mx_run(const swiglu_mx_args *args, int32_t isa, int32_t n_threads) {
@@ -389,5 +458,8 @@ int32_t swiglu_mx_run(const swiglu_mx_args *args, int32_t isa, int32_t n_threads
     if (isa_of(isa, &impl) != 0 || args->batch < 0 || args->m < 0 || args->cols < 2 || args->cols % 2 != 0)
         return -1;
     if (args->batch * args->m == 0) return 0;
-    return impl.mx(args, n_threads < 1 ? 1 : n_threads);
+    const fp_saved fp = fp_enter();
+    const int32_t rc = impl.mx(args, n_threads < 1 ? 1 : n_threads);
+    fp_leave(fp);
+    return rc;
 }
