@@ -25,7 +25,8 @@ import textwrap
 
 import pytest
 
-from swiglu_ops import cpu
+import swiglu_ops
+from swiglu_ops.backends import cpu
 
 pytestmark = [
     pytest.mark.skipif(cpu.LIBRARY.lib is None, reason=f"cpu backend unavailable: {cpu.LIBRARY.why}"),
@@ -141,7 +142,7 @@ CHILD = textwrap.dedent(
 @pytest.mark.parametrize("pool", ["auto", "own"])
 def test_calls_leave_threads_as_found(pool):
     env = dict(os.environ, SWIGLU_OPS_CPU_POOL=pool, OMP_NUM_THREADS="2")
-    src = os.path.dirname(os.path.dirname(os.path.abspath(cpu.__file__)))
+    src = os.path.dirname(os.path.dirname(os.path.abspath(swiglu_ops.__file__)))  # the tree under test
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, pool, str(REPRO_CHILDREN)],
