@@ -419,7 +419,7 @@ SMOKE_SHAPES = (("tiny", 32, 128, 2),)
 TUNE_SHAPES = ("readme", "gpt-oss-120b", "tiny")
 
 OPS = ("group_grad", "bwd_mx e4m3", "fwd_mx e4m3", "fwd_mx e2m1", "clipped_swiglu", "clipped_swiglu_grad")
-#: The reference backend's kernel function each op calls (also the key of swiglu_ops.bench._KERNELS).
+#: The reference backend's kernel function each op calls (the key of swiglu_ops.bench.reference_baseline).
 REF_KERNELS = {
     "group_grad": "swiglu_group_grad",
     "bwd_mx e4m3": "swiglu_bwd_mx_quant",
@@ -650,7 +650,7 @@ def run_baselines(cases: list[dict], rows: list[dict], budget: float, save) -> N
             args, kw = _reference_kernel_args(case)
             if name not in compiled:  # the reference kernel (group_grad: grad_weight as a plain sum)
                 compiled[name] = torch.compile(
-                    cpu_bench._KERNELS[name], backend="eager" if SMOKE else "inductor"
+                    cpu_bench.reference_baseline(name), backend="eager" if SMOKE else "inductor"
                 )
             fn = compiled[name]
             row["compiled_ref_ms"] = _bench_plain(lambda f=fn, a=args, k=kw: f(*a, **k))

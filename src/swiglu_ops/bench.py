@@ -214,7 +214,7 @@ def _reference_group_grad_plain_sum(dy, x, weight, y_origin, valid_rows, clamp, 
     grad_weight.copy_((dy.float() * y_origin.float()).sum(-1))
 
 
-def _baseline(op: str):
+def reference_baseline(op: str):
     """What the compiled baseline compiles: the reference kernel of ``op``."""
     return _reference_group_grad_plain_sum if op == "swiglu_group_grad" else _reference(op)
 
@@ -225,7 +225,7 @@ _COMPILED = {}
 def _compiled_reference(op: str):
     """The reference backend's kernel function under torch.compile (one compiled function per op)."""
     if op not in _COMPILED:
-        _COMPILED[op] = torch.compile(_baseline(op), dynamic=True)
+        _COMPILED[op] = torch.compile(reference_baseline(op), dynamic=True)
     return _COMPILED[op]
 
 

@@ -321,7 +321,7 @@ def verify(argv=None) -> int:
                 got = got if isinstance(got, tuple) else (got,)
                 checks = [
                     (_close if out.name == "grad_weight" else _near_ties)(out.name, g, w)
-                    for out, g, w in zip(op.outputs, got, want, strict=True)
+                    for out, g, w in zip(op.returned(values), got, want, strict=True)
                     if w is not None
                 ]
                 good = all(c[1] for c in checks)

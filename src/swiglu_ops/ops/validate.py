@@ -645,19 +645,17 @@ def dequantize_spec(data, scale, axis, group_index, dst_dtype):
         raise ValueError(f"data must have rank >= 2, got shape {tuple(data.shape)}")
     *lead, m, w = data.shape
     shape = (*lead, m, 2 * w if fmt.packed else w)
-    if axis == -1:
-        if group_index is not None:
-            raise ValueError("group_index is only used with axis=-2 (mxscale2: token-axis blocks)")
-        if tuple(scale.shape) != mx.mxscale1_shape(shape):
-            raise ValueError(f"scale must have shape {mx.mxscale1_shape(shape)}, got {tuple(scale.shape)}")
-        return fmt, shape
-    n = shape[-1]
-    if group_index is not None:
+    if group_index is not None:  # the ends that produced the outputs, checked as the operators check them
         check_group_index(group_index, ENDS)
         if data.dim() != 2:
             raise ValueError(f"group_index ({ENDS}) is only supported with 2-D data")
         check_device(data, group_index=group_index)
         check_group_ends(group_index, m)
+    if axis == -1:  # row-wise blocks do not depend on the groups
+        if tuple(scale.shape) != mx.mxscale1_shape(shape):
+            raise ValueError(f"scale must have shape {mx.mxscale1_shape(shape)}, got {tuple(scale.shape)}")
+        return fmt, shape
+    n = shape[-1]
     g = None if group_index is None else group_index.numel()
     rows = mx.mxscale2_rows(m, g)
     if tuple(scale.shape) != (*lead, rows, n, 2):
