@@ -11,16 +11,13 @@
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
+from _lazy import assert_imported_only_on_access  # noqa: E402
 from test_gpt_oss_hf import training_step  # noqa: E402  (one step on the same INPUT_IDS)
 from transformers import (  # noqa: E402
     GptOssConfig,
@@ -138,17 +135,7 @@ def test_registered_and_lazily_exported():
 
 
 def test_import_swiglu_ops_does_not_import_transformers():
-    src = str(Path(swiglu_ops.__file__).parents[1])
-    code = (
-        "import sys, swiglu_ops; assert swiglu_ops.__file__.startswith(sys.argv[1]), swiglu_ops.__file__; "
-        "bad = [m for m in sys.modules if m.split('.')[0] == 'transformers']; assert not bad, bad[:5]; "
-        "swiglu_ops.integrations.hf; assert 'transformers' in sys.modules"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [sys.executable, "-c", code, src], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert_imported_only_on_access("hf", "transformers")
 
 
 def test_gpt_oss_clamps_are_exercised():

@@ -5,14 +5,10 @@ that runs on CPU) consumes them, and what torchao cannot represent is a clear Va
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torchao  # noqa: F401  (torchao is a test dependency: never skipped)
+from _lazy import assert_imported_only_on_access
 from torchao.prototype.mx_formats.mx_tensor import MXTensor
 
 import swiglu_ops
@@ -160,13 +156,4 @@ def test_lazy_attribute_and_import_swiglu_ops_does_not_import_torchao():
     import swiglu_ops.integrations as integrations
 
     assert integrations.torchao is ti and "torchao" not in integrations.__all__
-    src = str(Path(swiglu_ops.__file__).parents[1])
-    code = (
-        "import sys, swiglu_ops; assert swiglu_ops.__file__.startswith(sys.argv[1]), swiglu_ops.__file__; "
-        "bad = [m for m in sys.modules if m.split('.')[0] == 'torchao']; assert not bad, bad[:5]; "
-        "swiglu_ops.integrations.torchao.rowwise_mxtensor; assert 'torchao' in sys.modules"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-c", code, src]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert_imported_only_on_access("torchao", "torchao")

@@ -432,14 +432,22 @@ def format_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def _plot(results: list[Result], path: Path) -> bool:
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (pictures to files), or None (said once) without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        _progress("matplotlib is not installed: no plot")
+        _progress("matplotlib is not installed: no picture")
+        return None
+    return plt
+
+
+def _plot(results: list[Result], path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, (ax_pct, ax_ms) = plt.subplots(1, 2, figsize=(13, 4.5))
     for op in OPS:
@@ -477,13 +485,8 @@ def _plot(results: list[Result], path: Path) -> bool:
 
 def _plot_sweep(results: list[Result], path: Path) -> bool:
     """``--sweep``: ns per element over M, % of the copy roofline over 2H, speed-up over threads."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _progress("matplotlib is not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     isa = results[0].isa if results else ""

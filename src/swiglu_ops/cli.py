@@ -147,12 +147,10 @@ def compare_training(tokens, d_model: int, hidden: int, glu: dict, steps: int, l
 
 def _plot_demo(results: dict, path: str) -> bool:
     """The loss curves (bf16 and MXFP8) and the error table of each activation, as one picture."""
-    try:
-        import matplotlib
+    from .bench import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(2, len(results), figsize=(6 * len(results), 7), squeeze=False)
     for col, (title, (errors, losses)) in enumerate(results.items()):

@@ -618,19 +618,9 @@ class MXFP8ExpertMLP(torch.nn.Module):
 
 
 def expert_mlp_reference(
-    x,
-    w1,
-    w2,
-    group_ends,
-    *,
-    limit=None,
-    alpha=None,
-    bias=None,
-    interleaved=False,
-    b1=None,
-    b2=None,
+    x, w1, w2, group_ends, *, limit=None, alpha=None, bias=None, interleaved=False, b1=None, b2=None,
     probs=None,
-):
+):  # fmt: skip
     """The same expert MLP as plain differentiable torch ops in the inputs' dtype (use float64): no
     quantisation, no intermediate rounding. GPT-OSS: ``min(g, L) * sigmoid(alpha * min(g, L)) *
     (clip(u, -L, L) + bias)``, with its linear biases ``b1``/``b2`` and the router's ``probs`` (one per row,
