@@ -398,10 +398,13 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
 
 
 def _case_name(r: Result) -> str:
-    extra = "".join(
-        f" {v}" for v in (f"G={r.groups}" if r.groups else "", r.dst, r.label == "weighted" and "w") if v
+    tags = (
+        f"G={r.groups}" if r.groups else "",
+        r.dst,
+        "weighted" if r.label == "weighted" else "",
+        f"threads={r.threads}" if r.label == "sweep threads" else "",
     )
-    return f"{r.op} {r.rows}x{r.cols} {r.dtype}{extra}"
+    return f"{r.op} {r.rows}x{r.cols} {r.dtype}" + "".join(f" {v}" for v in tags if v)
 
 
 def format_table(results: list[Result]) -> str:
