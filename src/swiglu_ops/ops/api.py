@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..numerics.mx import dequantize, dst_name
 from . import registry
 from . import validate as V
 from .table import OPERATORS, PUBLIC, REQUIRED, OpDef
@@ -193,8 +194,6 @@ def mx_dequantize(
     """
     tensors = {"data": data, "scale": scale, "group_index": group_index}
     if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
-        from ..numerics.mx import dst_name
-
         return torch.ops.swiglu_ops.mx_dequantize(
             data, scale, axis=axis, group_index=group_index, dtype=dtype,
             dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),
@@ -204,8 +203,6 @@ def mx_dequantize(
 
 def dequantize_eager(data, scale, axis, group_index, dtype, dst_dtype) -> torch.Tensor:
     """:func:`mx_dequantize` on plain tensors (also the custom op's real kernel)."""
-    from ..numerics.mx import dequantize
-
     data, scale, group_index = (V.kernel_ready(n, t) for n, t in (("data", data), ("scale", scale),
                                                                    ("group_index", group_index)))  # fmt: skip
     fmt, _ = V.dequantize_spec(data, scale, axis, group_index, dst_dtype)

@@ -321,16 +321,12 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
         raise TypeError(f"clamp_limit must be a real number, got {type(clamp_limit).__name__}")
     if not clamp_limit >= 0.0:
         raise ValueError(f"clamp_limit must be >= 0 (0 disables the clamp), got {clamp_limit}")
-    check_tensor("weight", weight, optional=True)
     check_tensor("y_origin", y_origin, optional=True)
+    rows = math.prod(grad_y.shape[:-1])
+    check_weight(weight, grad_y, rows)  # the one routing-weight rule, as in the MX operators
     if (weight is None) != (y_origin is None):
         raise ValueError("weight and y_origin must be provided together (both or neither)")
-    rows = math.prod(grad_y.shape[:-1])
     if weight is not None:
-        if weight.dtype != torch.float32:
-            raise TypeError(f"weight must be float32, got {weight.dtype}")
-        if weight.numel() != rows:
-            raise ValueError(f"weight must have numel == rows = {rows}, got shape {tuple(weight.shape)}")
         if y_origin.dtype != grad_y.dtype:
             raise TypeError(f"y_origin must have the dtype of grad_y ({grad_y.dtype}), got {y_origin.dtype}")
         if y_origin.shape != grad_y.shape:
@@ -390,7 +386,7 @@ def check_mx_group_index(x: torch.Tensor, group_index) -> None:
         return
     check_group_index(group_index, ENDS)
     if x.dim() != 2:
-        raise ValueError(f"group_index ({ENDS}) is only supported with 2-D x, got x of rank {x.dim()}")
+        raise ValueError(f"group_index ({ENDS}) is only supported with 2-D x / data, got rank {x.dim()}")
     check_device(x, group_index=group_index)
     check_group_ends(group_index, x.shape[0])
 
@@ -645,12 +641,7 @@ def dequantize_spec(data, scale, axis, group_index, dst_dtype):
         raise ValueError(f"data must have rank >= 2, got shape {tuple(data.shape)}")
     *lead, m, w = data.shape
     shape = (*lead, m, 2 * w if fmt.packed else w)
-    if group_index is not None:  # the ends that produced the outputs, checked as the operators check them
-        check_group_index(group_index, ENDS)
-        if data.dim() != 2:
-            raise ValueError(f"group_index ({ENDS}) is only supported with 2-D data")
-        check_device(data, group_index=group_index)
-        check_group_ends(group_index, m)
+    check_mx_group_index(data, group_index)  # the ends that produced the outputs, as the operators check them
     if axis == -1:  # row-wise blocks do not depend on the groups
         if tuple(scale.shape) != mx.mxscale1_shape(shape):
             raise ValueError(f"scale must have shape {mx.mxscale1_shape(shape)}, got {tuple(scale.shape)}")
