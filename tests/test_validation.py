@@ -664,6 +664,45 @@ REJECTED = [
         TypeError,
         "dst_dtype",
     ),
+    # routing weights of the MX operators; the ends mx_dequantize reads
+    (
+        "mx: weight fp64",
+        mx_quant(weight=torch.ones(4, dtype=torch.float64)),
+        TypeError,
+        "weight must be float32",
+    ),
+    ("mx: weight numel", mx_quant(weight=torch.ones(3)), ValueError, "weight must have numel == rows = 4"),
+    ("fwd: weight not a tensor", mx_fwd(weight=[1.0] * 4), TypeError, "weight must be a float32"),
+    ("fwd: weight on meta", mx_fwd(weight=torch.ones(4, device="meta")), ValueError, "weight must be on"),
+    (
+        "dequant: axis -2 counts for ends",
+        dequant(
+            data=torch.zeros(64, 32, dtype=torch.float8_e4m3fn),
+            scale=torch.zeros(3, 32, 2, dtype=torch.uint8),
+            axis=-2,
+            group_index=torch.tensor([30, 34]),
+        ),
+        ValueError,
+        "look like group counts",
+    ),
+    (
+        "dequant: decreasing ends",
+        dequant(
+            data=torch.zeros(64, 32, dtype=torch.float8_e4m3fn),
+            scale=torch.zeros(3, 32, 2, dtype=torch.uint8),
+            axis=-2,
+            group_index=torch.tensor([40, 30]),
+        ),
+        ValueError,
+        "non-decreasing",
+    ),
+    ("dequant: float ends", dequant(axis=-2, group_index=torch.tensor([4.0])), TypeError, "int64 or int32"),
+    (
+        "mx: out= a meta tensor",
+        mx_quant(out=tuple(torch.empty(0, device="meta") for _ in range(4))),
+        ValueError,
+        "out",
+    ),
     ("dequant: dst_dtype fp16", dequant(dst_dtype=F16), TypeError, "dst_dtype"),
     ("dequant: fp8 data named E1M2", dequant(dst_dtype=E1M2), TypeError, "data must be"),
     (
