@@ -1,5 +1,6 @@
 /* The body of every kernels_<isa>.c: the kernels on the SIMD layer its includer chose, with their entry
    points suffixed by FN. */
+#include "simd_shared.h"
 #include "numerics.h"
 
 void FN(act_build)(int kind, int dt, float alpha, float limit, float *out);

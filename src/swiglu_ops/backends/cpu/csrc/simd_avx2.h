@@ -525,10 +525,8 @@ INLINE vu u_to_fp16(vf v) {
     const vu h = {_mm256_cvtepu16_epi32(_mm256_cvtps_ph(v.lo, rne)), _mm256_cvtepu16_epi32(_mm256_cvtps_ph(v.hi, rne))};
     return u_sel(v_isnan(v), u_set(0x7E00), h);
 }
-#include "simd_shared.h"
-INLINE vu u_to_bf16(vf v) { return u_to_bf16_int(v); }
-/* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes. */
-INLINE vw w_to_bf16x2(vf lo, vf hi) { return (vw){pack16(u_to_bf16(lo), 1), pack16(u_to_bf16(hi), 1)}; }
+/* w_pack for lanes known to hold values < 65536 (no masking before the saturating pack). */
+INLINE vw w_pack_small(vu lo, vu hi) { return (vw){pack16(lo, 1), pack16(hi, 1)}; }
 
 #undef W2
 #undef WM2

@@ -309,22 +309,17 @@ INLINE vu u_to_fp16(vf v) {
     const vu h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     return _mm512_mask_mov_epi32(h, v_isnan(v), _mm512_set1_epi32(0x7E00));
 }
-#include "simd_shared.h"
-/* vcvtneps2bf16 rounds like the integer path except for NaN (payload kept) and fp32 subnormals (flushed):
-   vectors holding one of those take the integer path. */
+/* w_pack for lanes known to hold values < 65536: the same code here. */
+INLINE vw w_pack_small(vu lo, vu hi) { return w_pack(lo, hi); }
+#ifdef __AVX512BF16__
+/* The native rounding to bf16 (simd_shared.h's hook): vcvtneps2bf16 rounds like the integer path except for
+   NaN (payload kept) and fp32 subnormals (flushed), so vectors holding one of those take the integer path. */
+#define SIMD_BF16_NATIVE 1
 #define BF16_SLOW(v) _mm512_fpclass_ps_mask((v), 0xA1) /* QNaN | SNaN | denormal */
-INLINE vu u_to_bf16(vf v) {
-#ifdef __AVX512BF16__
-    if (__builtin_expect(BF16_SLOW(v) == 0, 1)) return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+INLINE int bf16_native_ok(vf v) { return BF16_SLOW(v) == 0; }
+INLINE int bf16_native_ok2(vf lo, vf hi) { return _kortestz_mask16_u8(BF16_SLOW(lo), BF16_SLOW(hi)); }
+INLINE vu u_to_bf16_native(vf v) { return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)); }
+INLINE vw w_to_bf16x2_native(vf lo, vf hi) { return (vw)_mm512_cvtne2ps_pbh(hi, lo); } /* one vcvtne2ps2bf16 */
 #endif
-    return u_to_bf16_int(v);
-}
-/* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes: one vcvtne2ps2bf16. */
-INLINE vw w_to_bf16x2(vf lo, vf hi) {
-#ifdef __AVX512BF16__
-    if (__builtin_expect(_kortestz_mask16_u8(BF16_SLOW(lo), BF16_SLOW(hi)), 1)) return (vw)_mm512_cvtne2ps_pbh(hi, lo);
-#endif
-    return w_pack(u_to_bf16_int(lo), u_to_bf16_int(hi));
-}
 
 #endif

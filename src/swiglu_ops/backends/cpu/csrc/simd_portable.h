@@ -394,10 +394,7 @@ HEAVY vu u_to_fp16(vf v) {
     h |= sign;
     return u_sel(u_gt(a, u_set(0x7F800000u)), u_set(0x7E00u), h);
 }
-#include "simd_shared.h"
-INLINE vu u_to_bf16(vf v) { return u_to_bf16_int(v); }
-
-/* The same for 32 values (lo: lanes 0-15, hi: 16-31), as 16-bit lanes. */
-INLINE vw w_to_bf16x2(vf lo, vf hi) { return w_pack(u_to_bf16(lo), u_to_bf16(hi)); }
+/* w_pack for lanes known to hold values < 65536: the same code here. */
+INLINE vw w_pack_small(vu lo, vu hi) { return w_pack(lo, hi); }
 
 #endif
