@@ -314,7 +314,7 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
    through one generic loop full of branches). */
 typedef void (*glu_tile_fn)(const glu_job *, int64_t, int64_t, int64_t, int64_t);
 #define GLU_SPEC(NAME, OP, DT, INTER, FLAG)                                                          \
-    PHASE void NAME(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {            \
+    PHASE void FN(NAME)(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {            \
         glu_tile(job, r0, r1, p0, p1, OP, DT, INTER, FLAG);                                          \
     }
 #define GLU_SPECS(OPN, OP, DTN)                                         \
@@ -334,8 +334,9 @@ GLU_SPECS_ALL_DT(bwd, SWIGLU_OP_CLIPPED_BWD)
 
 /* [dtype][clamp] for swiglu_group_grad; [dtype][interleaved][clamp_mode] for the clipped operators */
 static const glu_tile_fn glu_gg_tiles[3][2] = {
-    {glu_gg_BF16_0, glu_gg_BF16_1}, {glu_gg_FP16_0, glu_gg_FP16_1}, {glu_gg_FP32_0, glu_gg_FP32_1}};
-#define GLU_ROW(OPN, DTN) {{glu_##OPN##_##DTN##_00, glu_##OPN##_##DTN##_01}, {glu_##OPN##_##DTN##_10, glu_##OPN##_##DTN##_11}}
+    {FN(glu_gg_BF16_0), FN(glu_gg_BF16_1)}, {FN(glu_gg_FP16_0), FN(glu_gg_FP16_1)}, {FN(glu_gg_FP32_0), FN(glu_gg_FP32_1)}};
+#define GLU_ROW(OPN, DTN)                                                                              \
+    {{FN(glu_##OPN##_##DTN##_00), FN(glu_##OPN##_##DTN##_01)}, {FN(glu_##OPN##_##DTN##_10), FN(glu_##OPN##_##DTN##_11)}}
 static const glu_tile_fn glu_fwd_tiles[3][2][2] = {GLU_ROW(fwd, BF16), GLU_ROW(fwd, FP16), GLU_ROW(fwd, FP32)};
 static const glu_tile_fn glu_bwd_tiles[3][2][2] = {GLU_ROW(bwd, BF16), GLU_ROW(bwd, FP16), GLU_ROW(bwd, FP32)};
 #undef GLU_SPEC

@@ -20,7 +20,8 @@
    its constant arguments (the compiler clones it per constant combination): small enough for the optimiser.
    The larger numeric helpers (HEAVY) are inlined into the AVX-512 and AVX2 kernels and called in the
    portable build, where GCC lowers each 16-lane operation to several native ones (inlining them there made
-   that build minutes long and megabytes large). */
+   that build minutes long and megabytes large). A phase is named through FN, so each instruction set's copy
+   has a symbol of its own (the instruction budget, benchmarks/x86_budget.py, reads them from the library). */
 #define PHASE static __attribute__((noinline))
 #ifdef SWIGLU_CALL_HEAVY
 #define HEAVY static __attribute__((noinline))

@@ -448,7 +448,7 @@ typedef void (*mx_stage1_fn)(const mx_job *, const mx_block *, int64_t, int64_t,
 typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const mx_work *, int64_t, int64_t, int64_t,
                                int64_t);
 #define MX_STAGE1_SPEC(DTN, BWD, INTER, CLIPPED, WT)                                                            \
-    PHASE void mx_stage1_##DTN##_##BWD##INTER##CLIPPED##WT(const mx_job *job, const mx_block *blk, int64_t p0,    \
+    PHASE void FN(mx_stage1_##DTN##_##BWD##INTER##CLIPPED##WT)(const mx_job *job, const mx_block *blk, int64_t p0, \
                                                            int64_t w, void *tile, int64_t ts, void *col_amax,      \
                                                            float *gw) {                                            \
         mx_stage1(job, blk, p0, w, tile, ts, col_amax, gw, SWIGLU_##DTN, BWD, INTER, CLIPPED, WT);                \
@@ -459,7 +459,7 @@ typedef void (*mx_quantise_fn)(const mx_job *, const mx_block *, const mx_work *
     MX_STAGE1_SPEC(DTN, 1, 1, 0, WT) MX_STAGE1_SPEC(DTN, 1, 1, 1, WT)
 #define MX_STAGE1_SPECS(DTN) MX_STAGE1_SPECS_W(DTN, 0) MX_STAGE1_SPECS_W(DTN, 1)
 #define MX_QUANTISE_SPEC(DTN, FP4)                                                                           \
-    PHASE void mx_quantise_##DTN##_##FP4(const mx_job *job, const mx_block *blk, const mx_work *wk, int64_t ts, \
+    PHASE void FN(mx_quantise_##DTN##_##FP4)(const mx_job *job, const mx_block *blk, const mx_work *wk, int64_t ts, \
                                          int64_t tc, int64_t col0, int64_t width) {                         \
         mx_quantise(job, blk, wk, ts, tc, col0, width, SWIGLU_##DTN, FP4);                                 \
     }
@@ -473,7 +473,7 @@ MX_QUANTISE_SPEC(FP16, 1)
 MX_QUANTISE_SPEC(FP32, 0)
 MX_QUANTISE_SPEC(FP32, 1)
 
-#define MX_STAGE1_PAIR(DTN, BIC) {mx_stage1_##DTN##_##BIC##0, mx_stage1_##DTN##_##BIC##1}
+#define MX_STAGE1_PAIR(DTN, BIC) {FN(mx_stage1_##DTN##_##BIC##0), FN(mx_stage1_##DTN##_##BIC##1)}
 #define MX_STAGE1_ROW(DTN)                                                                                     \
     {{{MX_STAGE1_PAIR(DTN, 000), MX_STAGE1_PAIR(DTN, 001)}, {MX_STAGE1_PAIR(DTN, 010), MX_STAGE1_PAIR(DTN, 011)}}, \
      {{MX_STAGE1_PAIR(DTN, 100), MX_STAGE1_PAIR(DTN, 101)}, {MX_STAGE1_PAIR(DTN, 110), MX_STAGE1_PAIR(DTN, 111)}}}
@@ -481,7 +481,9 @@ MX_QUANTISE_SPEC(FP32, 1)
 static const mx_stage1_fn mx_stage1_fns[3][2][2][2][2] = {MX_STAGE1_ROW(BF16), MX_STAGE1_ROW(FP16),
                                                            MX_STAGE1_ROW(FP32)};
 static const mx_quantise_fn mx_quantise_fns[3][2] = {
-    {mx_quantise_BF16_0, mx_quantise_BF16_1}, {mx_quantise_FP16_0, mx_quantise_FP16_1}, {mx_quantise_FP32_0, mx_quantise_FP32_1}};
+    {FN(mx_quantise_BF16_0), FN(mx_quantise_BF16_1)},
+    {FN(mx_quantise_FP16_0), FN(mx_quantise_FP16_1)},
+    {FN(mx_quantise_FP32_0), FN(mx_quantise_FP32_1)}};
 #undef MX_STAGE1_SPEC
 #undef MX_STAGE1_SPECS
 #undef MX_STAGE1_SPECS_W
