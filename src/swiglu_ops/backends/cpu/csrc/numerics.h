@@ -323,14 +323,11 @@ INLINE vw fp8x32_kd_e(const fp8x32_format *c, const fp8x32_values *p) {
 }
 INLINE vw fp8x32_shift(const fp8x32_format *c, vw kd_e, vw off) { return w_sub(kd_e, w_sra(off, c->mbits)); }
 
-/* The subnormal results under one block offset: RNE(mant >> s) (s at most 16: the result is 0 from there);
-   ``kd_e`` from fp8x32_kd_e. */
+/* The subnormal results under one block offset: RNE(mant / 2**s) (w_rne_shrv; s at most 16: the result is 0
+   from there; the lanes that are subnormal results have s >= 1); ``kd_e`` from fp8x32_kd_e. */
 INLINE vw fp8x32_subnormal(const fp8x32_format *c, const fp8x32_values *p, vw kd_e, vw off) {
-    const vw one = w_set(1);
     const vw mant = w_or(w_and(p->a, w_set(c->sub_max)), w_set((uint16_t)(c->sub_max + 1)));
-    const vw s = w_min(fp8x32_shift(c, kd_e, off), w_set(16));
-    const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one);
-    return w_shrv(w_add(w_add(mant, rh), w_and(w_shrv(mant, s), one)), s);
+    return w_rne_shrv(mant, w_min(fp8x32_shift(c, kd_e, off), w_set(16)));
 }
 
 /* The same for one mantissa bit (E2M1), under both offsets. There every value under the smallest normal, half

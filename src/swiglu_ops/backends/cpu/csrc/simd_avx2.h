@@ -487,6 +487,28 @@ INLINE __m256i shlv16(__m256i a, __m256i n) {
     return _mm256_or_si256(_mm256_and_si256(lo, SPLAT8(0xFFFF)), hi);
 }
 INLINE vw w_shrv(vw a, vw n) { return W2(shrv16, a, n); }
+/* simd_shared.h's w_rne_shrv without variable shifts (AVX2 has none for 16-bit lanes; shrv16 takes 8
+   operations): x * 2**(16 - s) in 32 bits by vpmullw / vpmulhuw, whose high half is x >> s and low half the
+   bits shifted out, in units of 2**-16; it rounds up when those exceed half (0x8000), or equal it and the high
+   half is odd. 2**(16 - s) comes from two byte tables by vpshufb (a byte index with bit 7 set gives 0). */
+#define SIMD_RNE_SHRV 1
+INLINE __m256i rne_shrv16(__m256i x, __m256i s) {
+    const __m256i lo_bytes = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16,
+                                              32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i hi_bytes = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0,
+                                              0, 0, 1, 2, 4, 8, 16, 32, 64, -128);
+    const __m256i n = _mm256_sub_epi16(_mm256_set1_epi16(16), s); /* 0-15 where it matters */
+    const __m256i p = _mm256_or_si256(
+        _mm256_shuffle_epi8(lo_bytes, _mm256_or_si256(n, _mm256_set1_epi16((short)0x8000))),
+        _mm256_shuffle_epi8(hi_bytes, _mm256_or_si256(_mm256_slli_epi16(n, 8), _mm256_set1_epi16(0x80))));
+    const __m256i hi = _mm256_mulhi_epu16(x, p), lo = _mm256_mullo_epi16(x, p);
+    const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi16(1));
+    /* lo - 0x8000 > -odd (signed): the dropped bits exceed half, or equal it with hi odd */
+    const __m256i up = _mm256_cmpgt_epi16(_mm256_xor_si256(lo, _mm256_set1_epi16((short)0x8000)),
+                                          _mm256_sub_epi16(_mm256_setzero_si256(), odd));
+    return _mm256_sub_epi16(hi, up); /* up: -1 */
+}
+INLINE vw w_rne_shrv(vw x, vw s) { return W2(rne_shrv16, x, s); }
 INLINE vw w_shlv(vw a, vw n) { return W2(shlv16, a, n); }
 INLINE vw w_min(vw a, vw b) { return W2(_mm256_min_epu16, a, b); }
 INLINE vw w_max(vw a, vw b) { return W2(_mm256_max_epu16, a, b); }

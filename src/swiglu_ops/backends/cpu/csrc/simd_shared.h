@@ -1,7 +1,8 @@
 /* Rules every SIMD layer shares, written once on the layer's primitives. Included by kernels.h after the
    layer (simd_<isa>.h) and before the numerics that use it; no layer includes it. A layer with a native
    rounding to bf16 that gives the same bits on the vectors it accepts defines SIMD_BF16_NATIVE and the hooks
-   bf16_native_ok / bf16_native_ok2 / u_to_bf16_native / w_to_bf16x2_native (simd_avx512.h with AVX512-BF16). */
+   bf16_native_ok / bf16_native_ok2 / u_to_bf16_native / w_to_bf16x2_native (simd_avx512.h with AVX512-BF16);
+   one without variable 16-bit shifts defines SIMD_RNE_SHRV and its own w_rne_shrv (simd_avx2.h). */
 #ifndef SWIGLU_SIMD_SHARED_H
 #define SWIGLU_SIMD_SHARED_H
 
@@ -27,5 +28,15 @@ INLINE vw w_to_bf16x2(vf lo, vf hi) {
 #endif
     return w_pack_small(u_to_bf16_int(lo), u_to_bf16_int(hi));
 }
+
+/* RNE(x / 2**s) in 16-bit lanes, for x < 2**15 and s in [1, 16] (other lanes: any value): round half to even
+   on the bits shifted out. */
+#ifndef SIMD_RNE_SHRV
+INLINE vw w_rne_shrv(vw x, vw s) {
+    const vw one = w_set(1);
+    const vw rh = w_sub(w_shlv(one, w_sub(s, one)), one); /* half an output unit, less one */
+    return w_shrv(w_add(w_add(x, rh), w_and(w_shrv(x, s), one)), s);
+}
+#endif
 
 #endif
