@@ -346,24 +346,31 @@ def test_mx_backward_gpt_oss_stage1_matches_reference(glu, dtype, isa):
 # ------------------------------------------------------------- every instruction set, bit for bit
 
 
+#: Every build of the kernels this CPU runs, and on the AVX-512 ones both ways of reading the activation
+#: tables (hardware gather or scalar loads, swiglu_glu.gather): (instruction set, gather).
+VARIANTS = [(name, g) for name in ISAS for g in ((0, 1) if name.startswith("avx512") else (0,))]
+
+
 def _on_every_isa(fn):
-    """``fn()`` with each instruction set's kernels (its results, in ISAS order)."""
-    saved = cpu_backend.LIBRARY.isa_code
+    """``fn()`` with each kernel variant (its results, in VARIANTS order)."""
+    saved = cpu_backend.LIBRARY.isa_code, cpu_backend.LIBRARY.gather
     try:
         out = []
-        for name in ISAS:
+        for name, gather in VARIANTS:
             _with_isa(name)
+            cpu_backend.LIBRARY.gather = gather
             out.append(fn())
         return out
     finally:
-        cpu_backend.LIBRARY.isa_code = saved
+        cpu_backend.LIBRARY.isa_code, cpu_backend.LIBRARY.gather = saved
 
 
 def _assert_all_equal(results, names):
-    for isa_name, result in zip(ISAS[1:], results[1:], strict=True):
+    first = "%s gather=%d" % VARIANTS[0]
+    for (isa_name, gather), result in zip(VARIANTS[1:], results[1:], strict=True):
         for got, want, name in zip(result, results[0], names, strict=True):
             if want is not None:
-                assert_bitwise_equal(got, want, f"{name} ({isa_name} vs {ISAS[0]})")
+                assert_bitwise_equal(got, want, f"{name} ({isa_name} gather={gather} vs {first})")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -395,6 +402,34 @@ def test_mx_quant_bit_identical_on_every_instruction_set(dtype):
                 )
             )
             _assert_all_equal(results, ("y1", "mxscale1", "y2", "mxscale2"))
+    weight = torch.rand(101, generator=torch.Generator().manual_seed(3))
+    for fn, names in (
+        (
+            lambda: swiglu_ops.swiglu_mx_quant_dual_axis(x, backend="cpu"),
+            ("y1", "mxscale1", "y2", "mxscale2"),
+        ),
+        (
+            lambda: swiglu_ops.swiglu_mx_quant_dual_axis(x, weight=weight, backend="cpu"),
+            ("y1", "mxscale1", "y2", "mxscale2"),
+        ),
+        (
+            lambda: swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, weight=weight, backend="cpu"),
+            ("y1", "mxscale1", "y2", "mxscale2", "grad_weight"),
+        ),
+    ):
+        _assert_all_equal(_on_every_isa(lambda f=fn: f()), names)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_clipped_swiglu_bit_identical_on_every_instruction_set(dtype):
+    x, dy = _mx_inputs((37, 1000), dtype, seed=5)
+    results = _on_every_isa(
+        lambda: (
+            swiglu_ops.clipped_swiglu(x, backend="cpu"),
+            swiglu_ops.clipped_swiglu_grad(dy, x, backend="cpu"),
+        )
+    )
+    _assert_all_equal(results, ("y", "grad_x"))
 
 
 # ---------------------------------------------------------------------------- threads and processes
@@ -597,6 +632,27 @@ def _fill_tiled(t: torch.Tensor, gen: torch.Generator) -> None:
     for r0 in range(0, t.shape[0], _TILE_ROWS):
         r1 = min(r0 + _TILE_ROWS, t.shape[0])
         t[r0:r1] = tile[: r1 - r0]
+
+
+def test_the_gather_choice_follows_the_cpu_and_the_environment(tmp_path):
+    """``auto`` gathers on Intel cores not affected by gather data sampling only; ``1``/``0`` force it."""
+    info, gds = tmp_path / "cpuinfo", tmp_path / "gds"
+    for vendor, state, want in [
+        ("GenuineIntel", "Not affected", True),
+        ("GenuineIntel", "Mitigation: Microcode", False),
+        ("GenuineIntel", "Vulnerable", False),
+        ("AuthenticAMD", "Not affected", False),
+    ]:
+        info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\n")
+        gds.write_text(state + "\n")
+        assert _loader.fast_gather(info, gds) is want, (vendor, state)
+    assert _loader.fast_gather(info, tmp_path / "missing") is False
+    assert [_loader.gather_choice_from_env(v) for v in (None, "", " AUTO ", "1", "0")] == ["auto"] * 3 + [
+        "1",
+        "0",
+    ]
+    with pytest.raises(ValueError, match="SWIGLU_OPS_CPU_GATHER"):
+        _loader.gather_choice_from_env("yes")
 
 
 @pytest.mark.slow(seconds=35)

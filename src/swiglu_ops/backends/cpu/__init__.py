@@ -202,6 +202,7 @@ def _fill_glu(dst, glu: GluParams) -> None:
     dst.alpha = glu.alpha
     dst.limit = glu.limit
     dst.bias = glu.bias
+    dst.gather = LIBRARY.gather
 
 
 def _run(entry: str, args) -> None:

@@ -20,6 +20,7 @@
 typedef struct { /* loop invariants, copied into registers by the kernels */
     act_fn act, act2;
     vf alpha, limit, nlimit, bias;
+    int gather; /* swiglu_glu.gather */
 } glu_consts;
 
 /* The activations a variant reads (act2: only the clamp_mode-1 backward), as (kind, alpha, limit). */
@@ -52,6 +53,7 @@ INLINE glu_consts glu_setup(const swiglu_glu *g, const act_fn *act, const act_fn
         .limit = v_set(g->limit),
         .nlimit = v_set(-g->limit),
         .bias = v_set(g->bias),
+        .gather = g->gather,
     };
     return c;
 }
@@ -153,7 +155,7 @@ INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, act_idx gi, vf u, vf w, v
         u = v_maxc(v_minc(u, clamp), v_neg(clamp));
     }
     vf f, sp; /* silu(min(g, clamp)) and its derivative */
-    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) v_lookup2(c->act.table, gi.bits, gi.src, gi.stride, &f, &sp);
+    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) act_lookup2(c->act.table, gi, &f, &sp);
     else silu_deriv(g, act(&c->act, g, gi, dt), &f, &sp);
     vf dgv = v_mul(v_mul(v_mul(dy, sp), u), w);
     vf duv = v_mul(v_mul(dy, f), w);
@@ -257,7 +259,7 @@ INLINE void glu_step(const glu_consts *c, const char *x, const char *dy, char *o
     ld_ab(x, half, p, inter, a_index, dt, m, &ab, &bb);
     const vf av = widen(ab, dt), bv = widen(bb, dt);
     const act_idx ai = act_idx_at(ab, (const uint16_t *)x + (inter ? 2 * p + a_index : p + a_index * half), inter,
-                                  full, dt);
+                                  full, dt, c->gather);
     if (op == SWIGLU_OP_CLIPPED_FWD) {
         st(out, p, glu_fwd(c, av, ai, bv, 1, flag, dt), dt, m);
         return;

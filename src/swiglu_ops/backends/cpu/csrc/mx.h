@@ -115,7 +115,7 @@ INLINE void mx_pairs(const glu_consts *c, const glu_consts *cf, const char *xa, 
         bb = ld_bits(xb, q, dt, m);
     }
     const vf av = widen(ab, dt), bv = widen(bb, dt);
-    const act_idx ai = act_idx_at(ab, (const uint16_t *)xa + (inter ? 2 * q + a_index : q), inter, full, dt);
+    const act_idx ai = act_idx_at(ab, (const uint16_t *)xa + (inter ? 2 * q + a_index : q), inter, full, dt, c->gather);
     if (!bwd) {
         const vf y = glu_fwd(c, av, ai, bv, clipped, 0, dt);
         *ya = v_sel(m, wt ? v_mul(y, w) : y, v_zero());
@@ -129,7 +129,7 @@ INLINE void mx_pairs(const glu_consts *c, const glu_consts *cf, const char *xa, 
     vf fwd;
     if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) {
         vf s, g;
-        v_lookup2(cf->act2.table, ai.bits, ai.src, ai.stride, &s, &g);
+        act_lookup2(cf->act2.table, ai, &s, &g);
         glu_bwd_of(c, av, s, bv, dyv, clipped, ya, yb);
         fwd = glu_fwd_of(cf, g, bv, clipped, 0);
     } else {

@@ -142,22 +142,34 @@ typedef struct {
 } act_fn;
 
 /* Where the table indices of 16 inputs (their stored bits) are: ``bits`` in the lanes, and for whole steps of
-   16-bit inputs also in memory, ``src[i * stride]`` (NULL: not given), which the AVX2 layer reads instead. */
+   16-bit inputs also in memory, ``src[i * stride]`` (NULL: not given), which the x86 layers read instead;
+   ``gather``: read the table with the layer's hardware gather (SIMD_GATHER) instead. */
 typedef struct {
     vu bits;
     const uint16_t *src;
-    int stride;
+    int stride, gather;
 } act_idx;
 
 /* The act_idx of 16 inputs whose stored bits are ``bits``, the first of them at ``a0`` (``inter``: every
-   other element): memory indices only for a whole step (``full``) of a 16-bit dtype. */
-INLINE act_idx act_idx_at(vu bits, const uint16_t *a0, const int inter, const int full, const int dt) {
-    return (act_idx){bits, full && dt != SWIGLU_FP32 ? a0 : NULL, inter ? 2 : 1};
+   other element): memory indices only for a whole step (``full``) of a 16-bit dtype; ``gather``:
+   swiglu_glu.gather. */
+INLINE act_idx act_idx_at(vu bits, const uint16_t *a0, const int inter, const int full, const int dt, int gather) {
+    return (act_idx){bits, full && dt != SWIGLU_FP32 ? a0 : NULL, inter ? 2 : 1, SIMD_GATHER && gather};
+}
+
+/* table[ai] (one float per entry), and the two floats of the entries of two-float tables: the same values
+   whichever way they are read. */
+INLINE vf act_lookup(const float *table, act_idx ai) {
+    return ai.gather ? v_gather(table, ai.bits) : v_lookup(table, ai.bits, ai.src, ai.stride);
+}
+INLINE void act_lookup2(const float *table, act_idx ai, vf *a, vf *b) {
+    if (ai.gather) v_gather2(table, ai.bits, a, b);
+    else v_lookup2(table, ai.bits, ai.src, ai.stride, a, b);
 }
 
 INLINE vf act(const act_fn *f, vf a, act_idx ai, const int dt) {
     if (dt == SWIGLU_FP32) return act_eval(a, f->kind, f->alpha, f->limit);
-    return v_lookup(f->table, ai.bits, ai.src, ai.stride);
+    return act_lookup(f->table, ai);
 }
 
 /* ---------------------------------------------------------------------------------------------- MX */

@@ -106,12 +106,22 @@ INLINE void v_storef(float *p, vf a, vm m) {
     if (FULL16(m)) _mm512_storeu_ps(p, a);
     else _mm512_mask_storeu_ps(p, m, a);
 }
+/* table[idx] by the hardware gather (act_idx.gather): one vgatherdps per 16 lanes, and for two-float entries
+   two (the entries' first and second floats). */
+#define SIMD_GATHER 1
+INLINE vf v_gather(const float *table, vu idx) { return _mm512_i32gather_ps(idx, table, 4); }
+INLINE void v_gather2(const float *table, vu idx, vf *a, vf *b) {
+    *a = _mm512_i32gather_ps(idx, table, 8);
+    *b = _mm512_i32gather_ps(idx, table + 1, 8);
+}
 /* table[idx] in every lane (the activation tables). Where the indices are in memory (``src[i * stride]``,
-   a whole step), sixteen scalar loads, as on AVX2: vgatherdps (16 loads in one instruction, microcoded on
-   AMD, slowed by Intel's gather-data-sampling mitigation) cost more (M=8192, 2H=4096 bf16, 2 threads of a
-   Zen 4, A/B in one process: MX forward 8.0 -> 7.1 ms, backward 11.7 -> 10.8); else the gather. */
+   a whole step), sixteen scalar loads, as on AVX2, else the gather. Which is faster depends on the CPU:
+   vgatherdps is microcoded on AMD and slowed by the gather-data-sampling mitigation on the Intel cores that
+   have it (Zen 4, M=8192, 2H=4096 bf16, 2 threads, A/B in one process: MX forward 8.0 -> 7.1 ms with the
+   scalar loads, backward 11.7 -> 10.8), while an Intel core without it gathers faster (the loader's choice,
+   swiglu_glu.gather; docs/cpu_backend.md). */
 INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int stride) {
-    if (src == NULL) return _mm512_i32gather_ps(idx, table, 4);
+    if (src == NULL) return v_gather(table, idx);
     uint32_t k[16];
     src_keys(src, stride, 16, k);
     __m128 q[4];
@@ -127,8 +137,7 @@ INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int st
    in one process): one thread 16.2 -> 14.6 ms, two 7.5 -> 7.3. */
 INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
     if (src == NULL) {
-        *a = _mm512_i32gather_ps(idx, table, 8);
-        *b = _mm512_i32gather_ps(idx, table + 1, 8);
+        v_gather2(table, idx, a, b);
         return;
     }
     uint32_t k[16];

@@ -209,6 +209,10 @@ HEAVY void v_lookup2(const float *table, vu idx, const uint16_t *src, const int 
     *b = y;
 }
 #define SIMD_TABLE_PAIRS 1
+/* No hardware gather (act_idx.gather is ignored): these name the lookups above for numerics.h. */
+#define SIMD_GATHER 0
+INLINE vf v_gather(const float *table, vu idx) { return v_lookup(table, idx, NULL, 1); }
+INLINE void v_gather2(const float *table, vu idx, vf *a, vf *b) { v_lookup2(table, idx, NULL, 1, a, b); }
 /* No 64-entry 16-bit table lookup (numerics.h fp8x32_code2 computes E2M1 codes by compares). */
 #define SIMD_LUT64 0
 HEAVY void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {

@@ -41,7 +41,7 @@
 
 /* Bumped whenever a struct or prototype below changes: a library built from another version of this file
    is refused at load. */
-#define SWIGLU_ABI_VERSION 7
+#define SWIGLU_ABI_VERSION 8
 
 /* Which member of the GLU family (swiglu_ops.numerics.glu.GluParams). The kernels build and cache its activation
    tables themselves (swiglu_act_table). */
@@ -51,7 +51,8 @@ typedef struct {
     int32_t clipped;     /* the GPT-OSS clipped SwiGLU (alpha, limit, bias, clamp_mode); 0: plain SwiGLU */
     int32_t clamp_mode;  /* clipped: 0 clamps A before the activation, 1 clamps its output */
     float alpha, limit, bias;
-    int32_t reserved;
+    int32_t gather;      /* read the activation tables of 16-bit inputs with the hardware gather (1) or with
+                            scalar loads (0): the same bits; the loader picks what is faster on this CPU */
 } swiglu_glu;
 
 /* swiglu_group_grad (SwigluGroupGrad), clipped_swiglu (ClippedSwiglu), clipped_swiglu_grad. */
