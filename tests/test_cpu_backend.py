@@ -366,7 +366,7 @@ def _on_every_isa(fn):
 
 
 def _assert_all_equal(results, names):
-    first = "%s gather=%d" % VARIANTS[0]
+    first = f"{VARIANTS[0][0]} gather={VARIANTS[0][1]}"
     for (isa_name, gather), result in zip(VARIANTS[1:], results[1:], strict=True):
         for got, want, name in zip(result, results[0], names, strict=True):
             if want is not None:
