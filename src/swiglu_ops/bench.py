@@ -423,6 +423,7 @@ def format_table(results: list[Result]) -> str:
     lines.append(
         "times in ms (median); %roof = copy time / op time; x comp / x eager = speedup of the "
         "fused op as called; isa = the C kernels' instruction set"
+        + (" (AVX-512 activation tables read by gather)" if _cpu_gathers() else "")
     )
     for r in results:
         if r.compiled_error:
@@ -573,6 +574,7 @@ def main(argv=None) -> int:
         "python": platform.python_version(),
         "isa": cpu.LIBRARY.isa,
         "isas": cpu.LIBRARY.supported_isas(),
+        "table_gather": _cpu_gathers(),  # AVX-512 tables read by vgatherdps (SWIGLU_OPS_CPU_GATHER)
         "quick": args.quick,
         "repeats": repeats,
     }
@@ -582,6 +584,12 @@ def main(argv=None) -> int:
     plotted = (_plot_sweep if args.sweep else _plot)(results, args.out / f"{stem}.png")
     _progress(f"wrote {stem}.csv, {stem}.json{f', {stem}.png' if plotted else ''} into {args.out}")
     return 0 if all(math.isfinite(r.fused_ms) for r in results) else 1
+
+
+def _cpu_gathers() -> bool:
+    from .backends import cpu
+
+    return bool(cpu.LIBRARY.gather) and cpu.LIBRARY.isa.startswith("avx512")
 
 
 if __name__ == "__main__":
