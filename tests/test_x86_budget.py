@@ -40,7 +40,16 @@ def test_every_hot_loop_within_its_limits(rows):
     for r in rows:
         assert 0 < r["min"] <= r["instr"], r
         assert r["induction"], f"{r['isa']}/{r['phase']}/{r['loop']}: no increment of the C loop's step"
-    problems = xb.check(rows, json.loads(xb.LIMITS.read_text()))
+    limits = json.loads(xb.LIMITS.read_text())
+    no_min = [
+        (i, p, lp)
+        for i, ph in limits.items()
+        for p, lps in ph.items()
+        for lp, lim in lps.items()
+        if "min" not in lim
+    ]
+    assert not no_min, f"limits without a shortest-path limit: {no_min}"
+    problems = xb.check(rows, limits)
     assert not problems, "\n".join(problems) + "\n\n" + xb.table(rows)
 
 
@@ -107,6 +116,9 @@ def test_the_analyzer_fails_over_a_limit_and_on_a_missing_loop():
         )
     )
     assert xb.check([r], {"avx2": {"mx_quantise_BF16_0": {"codes": {"instr": 0.29, "spills": 2}}}}) == []
+    # the shortest path (8 instructions: 0.25 per element) has a limit of its own
+    short = {"avx2": {"mx_quantise_BF16_0": {"codes": {"instr": 0.29, "min": 0.2, "spills": 2}}}}
+    assert any("shortest path over the limit 0.2" in p for p in xb.check([r], short))
     # a loop whose step is not the C loop's, and a disassembly without the loop's source line
     assert not _analyse(_synthetic(CODES, step=0x10))["induction"]
     gone = _analyse(_synthetic(CODES).replace(f"mx.h:{xb.loop_lines(CODES)[0].start}", "mx.h:1"))
