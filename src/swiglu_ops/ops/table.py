@@ -329,6 +329,19 @@ SWIGLU_GROUP_GRAD = OpDef(
 #: float8_e8m0fnu / float4 copies, so out= is refused inside torch.compile).
 _MX_OUTPUTS = (Output("y1"), Output("mxscale1"), Output("y2"), Output("mxscale2"))
 _MX_ROW = dict(groups=ENDS, compile_out=False)
+
+
+def _mx_head(scale_alg_default):
+    """The MX operators' parameters after their tensors: group_index, activate_left, round_mode and
+    scale_alg, whose default the two operators set differently (CANN's)."""
+    return (
+        _optional("group_index"),
+        Param("activate_left", "bool", True, kw_only=True),
+        Param("round_mode", "str", "rint", kw_only=True),
+        Param("scale_alg", "int?", scale_alg_default, kw_only=True),
+    )
+
+
 #: Their last parameters: CANN's reserved max_dtype_value, then the GLU parameters both take beyond CANN
 #: (stage 1 = the GPT-OSS clipped SwiGLU) and the token-contiguous y2.
 _MX_TAIL = (
@@ -412,10 +425,7 @@ SWIGLU_BACKWARD_MX_QUANT_DUAL_AXIS = OpDef(
     kernel="swiglu_bwd_mx_quant",
     params=(
         *map(_tensor, ("x", "y_grad")),
-        _optional("group_index"),
-        Param("activate_left", "bool", True, kw_only=True),
-        Param("round_mode", "str", "rint", kw_only=True),
-        Param("scale_alg", "int?", 1, kw_only=True),
+        *_mx_head(1),
         Param("dst_dtype", "ScalarType", torch.float8_e4m3fn, kw_only=True),
         *_MX_TAIL,
     ),
@@ -505,10 +515,7 @@ SWIGLU_MX_QUANT_DUAL_AXIS = OpDef(
     kernel="swiglu_mx_quant",
     params=(
         _tensor("x"),
-        _optional("group_index"),
-        Param("activate_left", "bool", True, kw_only=True),
-        Param("round_mode", "str", "rint", kw_only=True),
-        Param("scale_alg", "int?", None, kw_only=True),
+        *_mx_head(None),
         # The destination format travels by name in the schema: the E1M2 sentinel is a string, not a
         # ScalarType ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2", "float4_e1m2fn_x2").
         Param(
