@@ -634,8 +634,16 @@ def _fill_tiled(t: torch.Tensor, gen: torch.Generator) -> None:
         t[r0:r1] = tile[: r1 - r0]
 
 
-def test_the_gather_choice_follows_the_cpu_and_the_environment(tmp_path):
-    """``auto`` gathers on Intel cores not affected by gather data sampling only; ``1``/``0`` force it."""
+def test_the_gather_choice_follows_the_cpu_and_the_environment(tmp_path, monkeypatch):
+    """``auto`` gathers on Intel cores not affected by gather data sampling only; ``1``/``0`` force it; any
+    other value leaves the backend unavailable, saying why (as a bad ``SWIGLU_OPS_CPU_SIMD`` does)."""
+    for value, want in (("1", 1), ("0", 0), ("auto", int(_loader.fast_gather()))):
+        monkeypatch.setenv("SWIGLU_OPS_CPU_GATHER", value)
+        assert _loader.Library().gather == want, value
+    monkeypatch.setenv("SWIGLU_OPS_CPU_GATHER", "yes")
+    bad = _loader.Library()
+    assert bad.lib is None and bad.why.startswith("ValueError") and "SWIGLU_OPS_CPU_GATHER" in bad.why
+    monkeypatch.delenv("SWIGLU_OPS_CPU_GATHER")
     info, gds = tmp_path / "cpuinfo", tmp_path / "gds"
     for vendor, state, want in [
         ("GenuineIntel", "Not affected", True),
