@@ -126,7 +126,7 @@ static struct {
 static void run_tasks_from(atomic_llong *next, task_fn fn, const void *ctx, int64_t n_tasks) {
 #if SWIGLU_X86
     const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(0x1F80); /* round to nearest, no FTZ / DAZ, exceptions masked */
+    _mm_setcsr(FP_DEFAULT_CSR);
 #endif
     for (;;) {
         const int64_t t = atomic_fetch_add(next, 1);
@@ -264,17 +264,9 @@ void swiglu_pool_run(task_fn fn, const void *ctx, int64_t n_tasks, int n_threads
         return;
     }
     if (helpers <= 0 || pthread_mutex_trylock(&pool.busy) != 0) {
-        /* alone: one thread wanted, one task, or the pool is busy with another caller's job */
-        for (int64_t t = 0; t < n_tasks; t++) {
-#if SWIGLU_X86
-            const unsigned int csr = _mm_getcsr();
-            _mm_setcsr(0x1F80);
-            fn(ctx, t);
-            _mm_setcsr(csr);
-#else
-            fn(ctx, t);
-#endif
-        }
+        /* alone: one thread wanted, one task, or the pool is busy with another caller's job; this thread
+           is inside an entry point, at the default MXCSR already (fp_enter) */
+        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t);
         return;
     }
     pthread_mutex_lock(&pool.lock);
