@@ -155,7 +155,7 @@ INLINE void gg_pairs(const glu_consts *c, vf dy, vf g, act_idx gi, vf u, vf w, v
         u = v_maxc(v_minc(u, clamp), v_neg(clamp));
     }
     vf f, sp; /* silu(min(g, clamp)) and its derivative */
-    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) act_lookup2(c->act.table, gi, &f, &sp);
+    if (dt != SWIGLU_FP32) act_lookup2(c->act.table, gi, &f, &sp);
     else silu_deriv(g, act(&c->act, g, gi, dt), &f, &sp);
     vf dgv = v_mul(v_mul(v_mul(dy, sp), u), w);
     vf duv = v_mul(v_mul(dy, f), w);
@@ -365,14 +365,15 @@ static void FN(glu_task)(const void *ctx, int64_t t) {
 static int FN(glu_run_impl)(const swiglu_glu_args *a, int n_threads) {
     glu_job job = {.a = a};
     if (a->op == SWIGLU_OP_GROUP_GRAD) { /* of min(g, clamp): the clamp is the only limit */
-        const int pairs = a->dtype != SWIGLU_FP32 && SIMD_TABLE_PAIRS;
+        const int pairs = a->dtype != SWIGLU_FP32;
         job.act = (act_fn){NULL, pairs ? SWIGLU_ACT_SILU_DERIV : SWIGLU_ACT_SIGMOID, 1.0f, a->clamp > 0 ? a->clamp : INFINITY};
-        job.act2 = job.act;
     } else {
         glu_acts(&a->glu, a->op == SWIGLU_OP_CLIPPED_BWD, &job.act, &job.act2);
     }
+    /* act2 is read by the clamp_mode-1 backward only (glu_bwd): its table is fetched for that one */
+    const int reads_act2 = a->op == SWIGLU_OP_CLIPPED_BWD && a->glu.clipped && a->glu.clamp_mode == 1;
     float *own1, *own2 = NULL;
-    const int ok = act_with_table(&job.act, a->dtype, &own1) && act_with_table(&job.act2, a->dtype, &own2);
+    const int ok = act_with_table(&job.act, a->dtype, &own1) && (!reads_act2 || act_with_table(&job.act2, a->dtype, &own2));
     /* Whole rows per task when there are enough row tiles to share; else rows cut into chunks of pairs
        (a multiple of 1024), so that a few long rows still use every thread. */
     const int64_t half = a->cols / 2, tiles = (a->rows + GLU_ROWS_PER_TASK - 1) / GLU_ROWS_PER_TASK;

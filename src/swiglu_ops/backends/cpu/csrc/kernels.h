@@ -47,9 +47,7 @@ void FN(fp8_x32_check)(int dt, int format, int64_t *mismatches, int64_t *left) {
             vu keep;
             off[k] = w_bcast(fp8x32_block(&c, u_set(scales[k]), &keep), 0);
             kv[k] = w_bcast(keep, 0);
-            uint32_t recip_bits = scales[k] >= 254 ? 0x00400000u : (254u - scales[k]) << 23;
-            if (scales[k] == 0xFF) recip_bits = 0x7FC00000u;
-            recip[k] = v_from_bits(u_set(recip_bits));
+            recip[k] = scale_recip(u_set(scales[k]), m_lanes(0), m_lanes(scales[k] == 0xFF ? 16 : 0));
         }
         for (uint32_t base = 0; base < 65536; base += 32) {
             _Alignas(64) uint16_t bits[32];

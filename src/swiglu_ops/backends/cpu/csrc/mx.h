@@ -127,7 +127,7 @@ INLINE void mx_pairs(const glu_consts *c, const glu_consts *cf, const char *xa, 
         return;
     }
     vf fwd;
-    if (dt != SWIGLU_FP32 && SIMD_TABLE_PAIRS) {
+    if (dt != SWIGLU_FP32) {
         vf s, g;
         act_lookup2(cf->act2.table, ai, &s, &g);
         glu_bwd_of(c, av, s, bv, dyv, clipped, ya, yb);
@@ -568,11 +568,11 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     const int gw = a->backward && a->weight != NULL;
     if (gw && a->grad_weight == NULL) return -1;
     glu_acts(&a->glu, 0, &job.act_fwd, &act2); /* the forward's activation: act16 of grad_weight */
-    const int pairs = gw && a->dtype != SWIGLU_FP32 && SIMD_TABLE_PAIRS; /* both from one table */
+    const int pairs = gw && a->dtype != SWIGLU_FP32; /* both from one table */
     job.act_pair = (act_fn){NULL, a->glu.clipped ? SWIGLU_ACT_GLU_SIG_GLU : SWIGLU_ACT_SIGMOID_GLU,
                             a->glu.clipped ? a->glu.alpha : 1.0f, a->glu.clipped ? a->glu.limit : INFINITY};
-    float *owned, *owned_fwd = NULL;
-    if (!act_with_table(&job.act, a->dtype, &owned)) return -2;
+    float *owned = NULL, *owned_fwd = NULL; /* the weighted 16-bit backward reads the pair table only */
+    if (!pairs && !act_with_table(&job.act, a->dtype, &owned)) return -2;
     if (gw && !act_with_table(pairs ? &job.act_pair : &job.act_fwd, a->dtype, &owned_fwd)) {
         free(owned);
         return -2;

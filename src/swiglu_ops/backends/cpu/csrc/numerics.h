@@ -142,29 +142,25 @@ typedef struct {
 } act_fn;
 
 /* Where the table indices of 16 inputs (their stored bits) are: ``bits`` in the lanes, and for whole steps of
-   16-bit inputs also in memory, ``src[i * stride]`` (NULL: not given), which the x86 layers read instead;
-   ``gather``: read the table with the layer's hardware gather (SIMD_GATHER) instead. */
+   16-bit inputs also in memory, ``src[i * stride]`` (NULL: not given), which the x86 layers read instead. */
 typedef struct {
     vu bits;
     const uint16_t *src;
-    int stride, gather;
+    int stride;
 } act_idx;
 
 /* The act_idx of 16 inputs whose stored bits are ``bits``, the first of them at ``a0`` (``inter``: every
-   other element): memory indices only for a whole step (``full``) of a 16-bit dtype; ``gather``:
-   swiglu_glu.gather. */
+   other element): memory indices only for a whole step (``full``) of a 16-bit dtype, and not where the
+   layer gathers from the lanes (SIMD_GATHER) and ``gather`` (swiglu_glu.gather) asks it to. */
 INLINE act_idx act_idx_at(vu bits, const uint16_t *a0, const int inter, const int full, const int dt, int gather) {
-    return (act_idx){bits, full && dt != SWIGLU_FP32 ? a0 : NULL, inter ? 2 : 1, SIMD_GATHER && gather};
+    return (act_idx){bits, full && dt != SWIGLU_FP32 && !(SIMD_GATHER && gather) ? a0 : NULL, inter ? 2 : 1};
 }
 
 /* table[ai] (one float per entry), and the two floats of the entries of two-float tables: the same values
    whichever way they are read. */
-INLINE vf act_lookup(const float *table, act_idx ai) {
-    return ai.gather ? v_gather(table, ai.bits) : v_lookup(table, ai.bits, ai.src, ai.stride);
-}
+INLINE vf act_lookup(const float *table, act_idx ai) { return v_lookup(table, ai.bits, ai.src, ai.stride); }
 INLINE void act_lookup2(const float *table, act_idx ai, vf *a, vf *b) {
-    if (ai.gather) v_gather2(table, ai.bits, a, b);
-    else v_lookup2(table, ai.bits, ai.src, ai.stride, a, b);
+    v_lookup2(table, ai.bits, ai.src, ai.stride, a, b);
 }
 
 INLINE vf act(const act_fn *f, vf a, act_idx ai, const int dt) {
@@ -198,6 +194,16 @@ typedef struct {
     uint32_t shift, round_half, rebias, min_normal, sub_magic, max_code;
 } mx_format;
 
+/* The multiplier 2**(127 - code) of scale codes (mx.scale_reciprocal): 2**-127 for 254 (the only subnormal
+   factor), NaN in the ``special`` lanes (code 0xFF: a NaN/inf block), 0 in the ``zero`` lanes (an all-zero
+   block, code 0). */
+INLINE vf scale_recip(vu code, vm zero, vm special) {
+    vu r = u_shl(u_sub(u_set(254), code), 23);
+    r = u_sel(u_ge(code, u_set(254)), u_set(0x00400000), r);
+    r = u_sel(zero, u_zero(), r);
+    return v_from_bits(u_sel(special, u_set(0x7FC00000), r));
+}
+
 /* E8M0 codes of 16 blocks from the fp32 bits of their amax magnitudes, and the factor applied to their
    elements: 2**(127 - code), 0 for a zero block, NaN for a NaN/inf block (code 0xFF), so that its
    elements encode as 0x00. (mx.scale_codes / mx.scale_reciprocal.) */
@@ -219,10 +225,7 @@ HEAVY vu scale_codes(const mx_format *f, vu amax, vf *recip) {
     const vm special = u_ge(amax, u_set(0x7F800000));
     code = u_sel(zero, u_zero(), code);
     code = u_sel(special, u_set(0xFF), code);
-    vu r = u_shl(u_sub(u_set(254), code), 23);
-    r = u_sel(u_ge(code, u_set(254)), u_set(0x00400000), r); /* 2**-127, the only subnormal factor */
-    r = u_sel(zero, u_zero(), r);
-    *recip = v_from_bits(u_sel(special, u_set(0x7FC00000), r));
+    *recip = scale_recip(code, zero, special);
     return code;
 }
 

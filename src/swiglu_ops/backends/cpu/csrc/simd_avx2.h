@@ -139,9 +139,8 @@ static __attribute__((noinline)) void st8_part(uint8_t *p, __m256i a, int k, int
     for (int i = 0; i < 8; i++)
         if (k >> i & 1) p[stride * i] = (uint8_t)t[i];
 }
-/* The low 16 bits of 8 32-bit lanes, as 8 16-bit values; ``small``: the lanes are known to be < 65536. */
-INLINE __m128i narrow16(__m256i a, const int small) {
-    if (!small) a = _mm256_and_si256(a, SPLAT8(0xFFFF));
+/* 8 32-bit lanes holding values < 65536, as 8 16-bit values. */
+INLINE __m128i narrow16(__m256i a) {
     return _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
 }
 INLINE __m256i ld16_half(const uint16_t *p, __m256i m) {
@@ -156,7 +155,7 @@ INLINE __m256i ld32_half(const uint32_t *p, __m256i m) {
 }
 INLINE void st16_half(uint16_t *p, __m256i a, __m256i m) {
     const int k = m_bits8(m);
-    if (k == 0xFF) _mm_storeu_si128((__m128i *)p, narrow16(a, 0));
+    if (k == 0xFF) _mm_storeu_si128((__m128i *)p, narrow16(a));
     else if (k != 0) st16_part(p, a, k);
 }
 INLINE void st32_half(uint32_t *p, __m256i a, __m256i m) {
@@ -166,16 +165,14 @@ INLINE void st32_half(uint32_t *p, __m256i a, __m256i m) {
 }
 INLINE vu u_load16(const uint16_t *p, vm m) { return (vu){ld16_half(p, m.lo), ld16_half(p + 8, m.hi)}; }
 INLINE vu u_load32(const uint32_t *p, vm m) { return (vu){ld32_half(p, m.lo), ld32_half(p + 8, m.hi)}; }
-/* 16 32-bit lanes' low 16 bits, in order (``small``: known to be < 65536). */
-INLINE __m256i pack16(vu a, const int small) {
-    __m256i lo = a.lo, hi = a.hi;
-    if (!small) lo = _mm256_and_si256(lo, SPLAT8(0xFFFF)), hi = _mm256_and_si256(hi, SPLAT8(0xFFFF));
-    return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+/* 16 32-bit lanes holding values < 65536, as 16-bit values in order. */
+INLINE __m256i pack16(vu a) {
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(a.lo, a.hi), _MM_SHUFFLE(3, 1, 2, 0));
 }
 /* Lanes hold 16-bit values (< 65536: the stored bits of every caller). */
 INLINE void u_store16(uint16_t *p, vu a, vm m) {
     if ((m_bits8(m.lo) & m_bits8(m.hi)) == 0xFF) { /* one pack and one store for all 16 */
-        _mm256_storeu_si256((__m256i *)p, pack16(a, 1));
+        _mm256_storeu_si256((__m256i *)p, pack16(a));
         return;
     }
     st16_half(p, a.lo, m.lo);
@@ -188,8 +185,8 @@ INLINE void u_store32(uint32_t *p, vu a, vm m) {
 INLINE void u_store8(uint8_t *p, vu a, vm m) {
     const int kl = m_bits8(m.lo), kh = m_bits8(m.hi);
     if ((kl & kh) == 0xFF) {
-        const __m128i b = _mm_packus_epi16(narrow16(_mm256_and_si256(a.lo, SPLAT8(0xFF)), 1),
-                                           narrow16(_mm256_and_si256(a.hi, SPLAT8(0xFF)), 1));
+        const __m128i b = _mm_packus_epi16(narrow16(_mm256_and_si256(a.lo, SPLAT8(0xFF))),
+                                           narrow16(_mm256_and_si256(a.hi, SPLAT8(0xFF))));
         _mm_storeu_si128((__m128i *)p, b);
         return;
     }
@@ -237,14 +234,10 @@ INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int
     lookup8x2(table, idx.lo, src, stride, &a->lo, &b->lo);
     lookup8x2(table, idx.hi, src == NULL ? NULL : src + 8 * stride, stride, &a->hi, &b->hi);
 }
-/* Two-float table entries are cheaper than the arithmetic they replace (their loads cost what one float's do). */
-#define SIMD_TABLE_PAIRS 1
-/* The scalar loads whatever act_idx.gather says: 8-lane vgatherdps did not beat them even where the AVX-512
-   gather does (Sapphire-Rapids-class Xeon, 1 thread, M=8192, 2H=4096 bf16, A/B in one process: MX forward
-   14.4 -> 14.6 ms, backward 36.6 -> 37.0, swiglu_group_grad 13.3 -> 14.3). */
-#define SIMD_GATHER 0
-INLINE vf v_gather(const float *table, vu idx) { return v_lookup(table, idx, NULL, 1); }
-INLINE void v_gather2(const float *table, vu idx, vf *a, vf *b) { v_lookup2(table, idx, NULL, 1, a, b); }
+/* No SIMD_GATHER: whole steps keep the scalar loads whatever swiglu_glu.gather says. 8-lane vgatherdps did
+   not beat them even where the AVX-512 gather does (Sapphire-Rapids-class Xeon, 1 thread, M=8192, 2H=4096
+   bf16, A/B in one process: MX forward 14.4 -> 14.6 ms, backward 36.6 -> 37.0, swiglu_group_grad 13.3 ->
+   14.3). */
 /* No 64-entry 16-bit table lookup (numerics.h fp8x32_code2 computes E2M1 codes by compares). */
 #define SIMD_LUT64 0
 /* 16 consecutive 32-bit elements (8 pairs) as their even and odd ones. */
@@ -481,20 +474,8 @@ INLINE vw w_sra(vw a, int n) { /* signed */
     const __m128i c = _mm_cvtsi32_si128(n);
     return (vw){_mm256_sra_epi16(a.lo, c), _mm256_sra_epi16(a.hi, c)};
 }
-/* Variable 16-bit shifts (AVX2 has 32-bit ones): the low and the high lane of each 32-bit unit apart. */
-INLINE __m256i shrv16(__m256i a, __m256i n) { /* 0 for counts >= 16 */
-    const __m256i lo = _mm256_srlv_epi32(_mm256_and_si256(a, SPLAT8(0xFFFF)), _mm256_and_si256(n, SPLAT8(0xFFFF)));
-    const __m256i hi = _mm256_srlv_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(n, 16));
-    return _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
-}
-INLINE __m256i shlv16(__m256i a, __m256i n) {
-    const __m256i lo = _mm256_sllv_epi32(_mm256_and_si256(a, SPLAT8(0xFFFF)), _mm256_and_si256(n, SPLAT8(0xFFFF)));
-    const __m256i hi = _mm256_sllv_epi32(_mm256_and_si256(a, SPLAT8(0xFFFF0000)), _mm256_srli_epi32(n, 16));
-    return _mm256_or_si256(_mm256_and_si256(lo, SPLAT8(0xFFFF)), hi);
-}
-INLINE vw w_shrv(vw a, vw n) { return W2(shrv16, a, n); }
-/* simd_shared.h's w_rne_shrv without variable shifts (AVX2 has none for 16-bit lanes; shrv16 takes 8
-   operations): x * 2**(16 - s) in 32 bits by vpmullw / vpmulhuw, whose high half is x >> s and low half the
+/* simd_shared.h's w_rne_shrv without variable shifts (AVX2 has none for 16-bit lanes: emulated on 32-bit
+   ones, each took 8 operations), so this layer has no w_shrv / w_shlv: x * 2**(16 - s) in 32 bits by vpmullw / vpmulhuw, whose high half is x >> s and low half the
    bits shifted out, in units of 2**-16; it rounds up when those exceed half (0x8000), or equal it and the high
    half is odd. 2**(16 - s) comes from two byte tables by vpshufb (a byte index with bit 7 set gives 0). */
 #define SIMD_RNE_SHRV 1
@@ -515,15 +496,14 @@ INLINE __m256i rne_shrv16(__m256i x, __m256i s) {
     return _mm256_sub_epi16(hi, up); /* up: -1 */
 }
 INLINE vw w_rne_shrv(vw x, vw s) { return W2(rne_shrv16, x, s); }
-INLINE vw w_shlv(vw a, vw n) { return W2(shlv16, a, n); }
 INLINE vw w_min(vw a, vw b) { return W2(_mm256_min_epu16, a, b); }
 INLINE vw w_max(vw a, vw b) { return W2(_mm256_max_epu16, a, b); }
 INLINE vw w_minz(vwm m, vw a, vw b) { /* m ? min(a, b) : 0 */
     const vw x = w_min(a, b);
     return (vw){_mm256_and_si256(m.lo, x.lo), _mm256_and_si256(m.hi, x.hi)};
 }
-/* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
-INLINE vw w_pack(vu lo, vu hi) { return (vw){pack16(lo, 0), pack16(hi, 0)}; }
+/* The 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31), holding values < 65536, as 16-bit lanes. */
+INLINE vw w_pack(vu lo, vu hi) { return (vw){pack16(lo), pack16(hi)}; }
 /* Lanes 0-15 to the even lanes, 16-31 to the odd ones. */
 INLINE vw w_interleave(vw a) {
     const __m256i l = _mm256_unpacklo_epi16(a.lo, a.hi), h = _mm256_unpackhi_epi16(a.lo, a.hi);
@@ -541,7 +521,7 @@ INLINE vwm w_nz(vw a) { return wm_not(w_eq(a, w_set(0))); } /* a != 0 */
 
 /* ------------------------------------------------------------------------- 16-bit float conversions */
 /* fp16 bits (16-bit values in 32-bit lanes) -> fp32, exact (vcvtph2ps; NaN comes out quiet). */
-INLINE vf v_from_fp16(vu bits) { return (vf){_mm256_cvtph_ps(narrow16(bits.lo, 1)), _mm256_cvtph_ps(narrow16(bits.hi, 1))}; }
+INLINE vf v_from_fp16(vu bits) { return (vf){_mm256_cvtph_ps(narrow16(bits.lo)), _mm256_cvtph_ps(narrow16(bits.hi))}; }
 /* The fp32 values of 16 stored fp16 elements (masked lanes 0): whole vectors converted from memory. */
 INLINE vf v_load_fp16(const uint16_t *p, vm m) {
     if ((m_bits8(m.lo) & m_bits8(m.hi)) != 0xFF) return v_from_fp16(u_load16(p, m));
@@ -553,8 +533,6 @@ INLINE vu u_to_fp16(vf v) {
     const vu h = {_mm256_cvtepu16_epi32(_mm256_cvtps_ph(v.lo, rne)), _mm256_cvtepu16_epi32(_mm256_cvtps_ph(v.hi, rne))};
     return u_sel(v_isnan(v), u_set(0x7E00), h);
 }
-/* w_pack for lanes known to hold values < 65536 (no masking before the saturating pack). */
-INLINE vw w_pack_small(vu lo, vu hi) { return (vw){pack16(lo, 1), pack16(hi, 1)}; }
 
 #undef W2
 #undef WM2

@@ -106,14 +106,9 @@ INLINE void v_storef(float *p, vf a, vm m) {
     if (FULL16(m)) _mm512_storeu_ps(p, a);
     else _mm512_mask_storeu_ps(p, m, a);
 }
-/* table[idx] by the hardware gather (act_idx.gather): one vgatherdps per 16 lanes, and for two-float entries
-   two (the entries' first and second floats). */
+/* Indices in the lanes (src NULL) are read by the hardware gather: a whole step takes that path too where
+   swiglu_glu.gather asks for it (numerics.h act_idx_at). */
 #define SIMD_GATHER 1
-INLINE vf v_gather(const float *table, vu idx) { return _mm512_i32gather_ps(idx, table, 4); }
-INLINE void v_gather2(const float *table, vu idx, vf *a, vf *b) {
-    *a = _mm512_i32gather_ps(idx, table, 8);
-    *b = _mm512_i32gather_ps(idx, table + 1, 8);
-}
 /* table[idx] in every lane (the activation tables). Where the indices are in memory (``src[i * stride]``,
    a whole step), sixteen scalar loads, as on AVX2, else the gather. Which is faster depends on the CPU:
    vgatherdps is microcoded on AMD and slowed by the gather-data-sampling mitigation on the Intel cores that
@@ -121,7 +116,7 @@ INLINE void v_gather2(const float *table, vu idx, vf *a, vf *b) {
    scalar loads, backward 11.7 -> 10.8), while an Intel core without it gathers faster (the loader's choice,
    swiglu_glu.gather; docs/cpu_backend.md). */
 INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int stride) {
-    if (src == NULL) return v_gather(table, idx);
+    if (src == NULL) return _mm512_i32gather_ps(idx, table, 4);
     uint32_t k[16];
     src_keys(src, stride, 16, k);
     __m128 q[4];
@@ -137,7 +132,8 @@ INLINE vf v_lookup(const float *table, vu idx, const uint16_t *src, const int st
    in one process): one thread 16.2 -> 14.6 ms, two 7.5 -> 7.3. */
 INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int stride, vf *a, vf *b) {
     if (src == NULL) {
-        v_gather2(table, idx, a, b);
+        *a = _mm512_i32gather_ps(idx, table, 8);
+        *b = _mm512_i32gather_ps(idx, table + 1, 8);
         return;
     }
     uint32_t k[16];
@@ -148,7 +144,6 @@ INLINE void v_lookup2(const float *table, vu idx, const uint16_t *src, const int
     *a = _mm512_insertf32x8(_mm512_castps256_ps512(a0), a1, 1);
     *b = _mm512_insertf32x8(_mm512_castps256_ps512(b0), b1, 1);
 }
-#define SIMD_TABLE_PAIRS 1
 /* Lanes of pairs -> lanes of elements: bit i of the 8-bit ``m`` becomes bits 2i and 2i + 1. */
 INLINE vm m_pairs(unsigned m) {
     m &= 0xFF;
@@ -282,7 +277,7 @@ INLINE vw w_clamp_s(vw a, int16_t lo, int16_t hi) {
    lanes outside ``m`` 0: one vpermi2w. The layers without it (SIMD_LUT64 0) take another form. */
 #define SIMD_LUT64 1
 INLINE vw w_lut64z(vwm m, vw idx, vw lo, vw hi) { return _mm512_maskz_permutex2var_epi16(m, lo, idx, hi); }
-/* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
+/* The 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31), holding values < 65536, as 16-bit lanes. */
 INLINE vw w_pack(vu lo, vu hi) {
     const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,
                                          26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
@@ -318,8 +313,6 @@ INLINE vu u_to_fp16(vf v) {
     const vu h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     return _mm512_mask_mov_epi32(h, v_isnan(v), _mm512_set1_epi32(0x7E00));
 }
-/* w_pack for lanes known to hold values < 65536: the same code here. */
-INLINE vw w_pack_small(vu lo, vu hi) { return w_pack(lo, hi); }
 #ifdef __AVX512BF16__
 /* The native rounding to bf16 (simd_shared.h's hook): vcvtneps2bf16 rounds like the integer path except for
    NaN (payload kept) and fp32 subnormals (flushed), so vectors holding one of those take the integer path. */

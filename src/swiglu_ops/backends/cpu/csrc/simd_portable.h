@@ -208,11 +208,6 @@ HEAVY void v_lookup2(const float *table, vu idx, const uint16_t *src, const int 
     *a = x;
     *b = y;
 }
-#define SIMD_TABLE_PAIRS 1
-/* No hardware gather (act_idx.gather is ignored): these name the lookups above for numerics.h. */
-#define SIMD_GATHER 0
-INLINE vf v_gather(const float *table, vu idx) { return v_lookup(table, idx, NULL, 1); }
-INLINE void v_gather2(const float *table, vu idx, vf *a, vf *b) { v_lookup2(table, idx, NULL, 1, a, b); }
 /* No 64-entry 16-bit table lookup (numerics.h fp8x32_code2 computes E2M1 codes by compares). */
 #define SIMD_LUT64 0
 HEAVY void u_load32_pairs(const uint32_t *p, vm m, vu *even, vu *odd) {
@@ -336,7 +331,7 @@ INLINE vw w_sra(vw a, int n) { return (vw)((vws)a >> n); } /* signed */
 INLINE vw w_min(vw a, vw b) { return w_sel(w_lt_u(a, b), a, b); }
 INLINE vw w_minz(vwm m, vw a, vw b) { return (vw)m & w_min(a, b); } /* m ? min(a, b) : 0 */
 INLINE vw w_max(vw a, vw b) { return w_sel(w_lt_u(a, b), b, a); }
-/* The low 16 bits of the 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31). */
+/* The 32-bit lanes of lo (lanes 0-15) and hi (lanes 16-31), holding values < 65536, as 16-bit lanes. */
 INLINE vw w_pack(vu lo, vu hi) {
     vw r;
     FOR_LANES {
@@ -398,7 +393,5 @@ HEAVY vu u_to_fp16(vf v) {
     h |= sign;
     return u_sel(u_gt(a, u_set(0x7F800000u)), u_set(0x7E00u), h);
 }
-/* w_pack for lanes known to hold values < 65536: the same code here. */
-INLINE vw w_pack_small(vu lo, vu hi) { return w_pack(lo, hi); }
 
 #endif

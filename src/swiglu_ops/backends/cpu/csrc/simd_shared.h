@@ -26,8 +26,13 @@ INLINE vw w_to_bf16x2(vf lo, vf hi) {
 #ifdef SIMD_BF16_NATIVE
     if (__builtin_expect(bf16_native_ok2(lo, hi), 1)) return w_to_bf16x2_native(lo, hi);
 #endif
-    return w_pack_small(u_to_bf16_int(lo), u_to_bf16_int(hi));
+    return w_pack(u_to_bf16_int(lo), u_to_bf16_int(hi));
 }
+
+/* A layer whose v_lookup of lane indices (src NULL) is a hardware gather defines SIMD_GATHER 1. */
+#ifndef SIMD_GATHER
+#define SIMD_GATHER 0
+#endif
 
 /* RNE(x / 2**s) in 16-bit lanes, for x < 2**15 and s in [1, 16] (other lanes: any value): round half to even
    on the bits shifted out. */
