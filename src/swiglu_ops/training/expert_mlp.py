@@ -99,13 +99,22 @@ def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(v.shape), scales
 
 
-def _token_blocks(ends: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_experts(ends: torch.Tensor, m: int) -> torch.Tensor:
+    """The expert of every row (int64 ``[m]``), without host synchronisation; in bounds for any values."""
+    rows = torch.arange(m, device=ends.device)
+    return torch.searchsorted(ends.to(torch.int64), rows, right=True).clamp(max=ends.numel() - 1)
+
+
+def _token_blocks(
+    ends: torch.Tensor, m: int, experts: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For every row r: the ``mxscale2`` slot of its 32-row block and its position in the block. Row r of
     group g (first row ``start``) is in slot ``2 * (start // 64 + g) + (r - start) // 32``
-    (:func:`swiglu_ops.numerics.mx.group_row_base`). Tensor ops only (no host synchronisation)."""
+    (:func:`swiglu_ops.numerics.mx.group_row_base`). ``experts``: :func:`_row_experts` of the same ends
+    when already computed. Tensor ops only (no host synchronisation)."""
     ends = ends.to(torch.int64)
     rows = torch.arange(m, device=ends.device)
-    g = torch.searchsorted(ends, rows, right=True).clamp(max=ends.numel() - 1)  # in bounds for any values
+    g = _row_experts(ends, m) if experts is None else experts
     start = torch.cat([ends.new_zeros(1), ends[:-1]])[g]
     offset = rows - start
     return 2 * mx.group_row_base(g, start) + offset // mx.BLOCK, offset % mx.BLOCK
@@ -319,12 +328,6 @@ def _fused_backward(h, dact, ends, glu_kwargs, backend, probs=None):
     return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, weight=probs, backend=backend)
 
 
-def _row_experts(ends: torch.Tensor, m: int) -> torch.Tensor:
-    """The expert of every row (int64 ``[m]``), without host synchronisation."""
-    rows = torch.arange(m, device=ends.device)
-    return torch.searchsorted(ends.to(torch.int64), rows, right=True).clamp(max=ends.numel() - 1)
-
-
 def _group_sums(v: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Per-expert column sums of ``v [T, N]`` in fp32, rounded once to bf16: the gradient of a per-expert
     bias (``index_add_``: exact order on CPU; atomics on CUDA)."""
@@ -392,7 +395,7 @@ class _ExpertMLPFunction(torch.autograd.Function):
             return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
         path, capture = ctx.path, ctx.capture
-        blocks = _token_blocks(ends, x.shape[0])
+        blocks = _token_blocks(ends, x.shape[0], experts)  # experts: saved when there is a bias
         if need_w2:
             doutq = _quantize_token_axis(dout, ends, blocks)
             dw2 = _mm_tokens(path, tuple(saved), doutq, ends, offs, blocks)  # GEMM 4
