@@ -324,10 +324,6 @@ def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) 
 # ------------------------------------------------------------------------------------ autograd function
 
 
-def _fused_backward(h, dact, ends, glu_kwargs, backend, probs=None):
-    return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, weight=probs, backend=backend)
-
-
 def _group_sums(v: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Per-expert column sums of ``v [T, N]`` in fp32, rounded once to bf16: the gradient of a per-expert
     bias (``index_add_``: exact order on CPU; atomics on CUDA)."""
@@ -403,7 +399,9 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 capture.update(doutq=doutq)
         if need_dh:
             dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)  # GEMM 3, bf16
-            dh = _fused_backward(h, dact, ends, ctx.glu_kwargs, ctx.backend, probs)
+            dh = api.swiglu_backward_mx_quant_dual_axis(
+                h, dact, ends, **ctx.glu_kwargs, weight=probs, backend=ctx.backend
+            )
             if probs is not None:  # the operator's fifth output: dL/dprobs (spec 7.1)
                 dprobs = dh[4].view(probs.shape) if need_probs else None
                 dh = dh[:4]
@@ -451,8 +449,7 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
     if two_h % 64 != 0 or d % 8 != 0:
         raise ValueError(f"2H must be a multiple of 64 and d of 8, got 2H = {two_h}, d = {d}")
     check_expert_ends(group_ends, e)
-    V.check_device(x, w1=w1, w2=w2, group_ends=group_ends)
-    V.check_device(x, **{n: t for n, t in (("b1", b1), ("b2", b2)) if t is not None})
+    V.check_device(x, w1=w1, w2=w2, group_ends=group_ends, b1=b1, b2=b2)  # None skipped
     V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
     V.mx_glu_params(True, interleaved, limit, alpha, bias)
     if not isinstance(quantize, bool):
