@@ -290,13 +290,16 @@ def _mm_rows(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor) -> torch.T
     return out
 
 
-def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) -> torch.Tensor:
+def _mm_tokens(
+    gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks, b_values: torch.Tensor | None = None
+) -> torch.Tensor:
     """GEMM 4 / 6: per group ``a[g]^T @ b[g]`` for two token-axis MXFP8 operands ``(y2, mxscale2)``,
-    ``[T, Na]`` and ``[T, Nb]`` -> ``[E, Na, Nb]`` bf16 (zeros for an empty group)."""
+    ``[T, Na]`` and ``[T, Nb]`` -> ``[E, Na, Nb]`` bf16 (zeros for an empty group). ``b_values``: ``b``
+    already dequantised (:func:`_dequantize_token_axis`), for the emulated GEMM."""
     (ay, a_s), (by, b_s) = a, b
     if gemm == "emulated":
         lhs = _dequantize_token_axis(ay, a_s, blocks, ends)
-        rhs = _dequantize_token_axis(by, b_s, blocks, ends)
+        rhs = _dequantize_token_axis(by, b_s, blocks, ends) if b_values is None else b_values
         return _grouped_mm(lhs.t(), rhs, offs)
     m = ay.shape[0]
     if gemm == "scaled_grouped_mm":  # "K groups": each group's blocked tiles one after another in memory
@@ -412,13 +415,17 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 dx = _mm_rows(path, dh[:2], w1q, ends, offs)  # GEMM 5
                 if capture is not None:
                     capture.update(w1q=w1q)
+            # dh's wgrad operand y2 dequantised, once for the emulated GEMM 6 and b1's gradient together
+            dh2 = None
+            if need_b1 or (need_w1 and path == "emulated"):
+                dh2 = _dequantize_token_axis(dh[2], dh[3], blocks, ends)
             if need_w1:
                 xq = _quantize_token_axis(x, ends, blocks)
-                dw1 = _mm_tokens(path, xq, dh[2:], ends, offs, blocks)  # GEMM 6
+                dw1 = _mm_tokens(path, xq, dh[2:], ends, offs, blocks, dh2)  # GEMM 6
                 if capture is not None:
                     capture.update(xq=xq)
             if need_b1:  # b1 is W1's row for a constant-1 input: its gradient reads dh's wgrad operand y2
-                db1 = _group_sums(_dequantize_token_axis(dh[2], dh[3], blocks, ends), experts, w1.shape[0])
+                db1 = _group_sums(dh2, experts, w1.shape[0])
         if capture is not None:
             capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2, db1=db1, db2=db2, dprobs=dprobs)
         return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
