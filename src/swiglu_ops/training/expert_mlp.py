@@ -389,8 +389,7 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
                 db1 = _group_sums(dh, experts, w1.shape[0]) if need_b1 else None
                 if need_probs:  # dL/dprobs = sum_h dact * act16, act16 the unweighted activation (rounded)
-                    act16 = glu_math.forward_rounded(h, glu)
-                    dprobs = (dact.float() * act16.float()).sum(-1).view(probs.shape)
+                    dprobs = glu_math.act16_product(dact, h, glu).sum(-1).view(probs.shape)
             return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
         path, capture = ctx.path, ctx.capture
