@@ -65,9 +65,9 @@ _FMT = mx.E4M3FN
 _RCEIL = 1
 _BF16 = torch.bfloat16
 _E8M0 = torch.float8_e8m0fnu
-_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and tuple(
-    int(p) for p in torch.__version__.split("+")[0].split(".")[:2]
-) >= (2, 9)  # CPU kernels since 2.9 (2.8 has CUDA only)
+#: ``(major, minor)`` of the running PyTorch.
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and TORCH_VERSION >= (2, 9)  # CPU kernels since 2.9 (not 2.8)
 
 
 # ------------------------------------------------------------------------------------------ quantisers
@@ -430,14 +430,28 @@ class _ExpertMLPFunction(torch.autograd.Function):
         return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
 
-def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2) -> None:
-    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2)):
-        if t is None and name in ("b1", "b2"):
-            continue
+def check_bf16(**tensors) -> None:
+    """TypeError unless every named tensor is a bfloat16 ``torch.Tensor`` (checked in the given order): the
+    expert MLP's operands (leave out an absent optional one)."""
+    for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != _BF16:
             raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+
+
+def check_sizes(two_h: int, d: int) -> None:
+    """ValueError unless the MX blocks of 32 divide the expert MLP's sizes: ``2H % 64 == 0`` (the hidden
+    size H a multiple of 32) and ``d % 8 == 0`` (d_model)."""
+    if two_h % 64 != 0 or d % 8 != 0:
+        raise ValueError(
+            f"hidden must be a multiple of 32 (2H of 64) and d_model of 8 (MX blocks of 32), got "
+            f"2H = {two_h}, d_model = {d}"
+        )
+
+
+def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2) -> None:
+    check_bf16(x=x, w1=w1, w2=w2, **{n: t for n, t in (("b1", b1), ("b2", b2)) if t is not None})
     if x.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
         raise ValueError(
             f"expected x [T, d], w1 [E, d, 2H], w2 [E, H, d]; got {tuple(x.shape)}, {tuple(w1.shape)}, "
@@ -452,8 +466,7 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
     for name, t, shape in (("b1", b1, (e, two_h)), ("b2", b2, (e, d))):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {shape} (one row per expert), got {tuple(t.shape)}")
-    if two_h % 64 != 0 or d % 8 != 0:
-        raise ValueError(f"2H must be a multiple of 64 and d of 8, got 2H = {two_h}, d = {d}")
+    check_sizes(two_h, d)
     check_expert_ends(group_ends, e)
     V.check_device(x, w1=w1, w2=w2, group_ends=group_ends, b1=b1, b2=b2)  # None skipped
     V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
@@ -580,8 +593,7 @@ class MXFP8ExpertMLP(torch.nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        if hidden % 32 or d_model % 8:
-            raise ValueError(f"hidden must be a multiple of 32 and d_model of 8, got {hidden}, {d_model}")
+        check_sizes(2 * hidden, d_model)
         V.mx_glu_params(True, interleaved, limit, alpha, bias)  # errors here, naming the argument
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
