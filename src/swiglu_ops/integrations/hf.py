@@ -47,7 +47,7 @@ import math
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from ..training.expert_mlp import mxfp8_expert_mlp
+from ..training.expert_mlp import TORCH_VERSION, check_bf16, check_sizes, mxfp8_expert_mlp
 from ..training.nn import clipped_swiglu
 
 __all__ = [
@@ -137,12 +137,9 @@ def _backend(module: torch.nn.Module) -> str:
 # -------------------------------------------------------------------------------------- GEMMs, routing
 
 
-def _torch_version() -> tuple[int, int]:
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-
-
 _GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-_CPU_GROUPED_MM = _GROUPED_MM is not None and _torch_version() >= (2, 9)  # no CPU kernel before 2.9
+_CPU_GROUPED_MM = _GROUPED_MM is not None and TORCH_VERSION >= (2, 9)  # no CPU kernel before 2.9
+_CPU_UNALIGNED_OK = TORCH_VERSION > (2, 10)  # CPU kernel takes operands not 16-byte aligned
 
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -155,7 +152,7 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
     a = a.to(b.dtype)
     usable = _GROUPED_MM is not None and not (torch.compiler.is_compiling() and b.dtype != torch.bfloat16)
     if usable and b.device.type == "cpu":
-        aligned = _torch_version() > (2, 10) or (a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+        aligned = _CPU_UNALIGNED_OK or (a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
         usable = _CPU_GROUPED_MM and aligned
     if usable:
         return _GROUPED_MM(a, b, offs=offs)
@@ -246,23 +243,23 @@ def mxfp8_experts_forward(
     tensors = dict(
         hidden_states=hidden_states, gate_up_proj=w1, down_proj=w2, gate_up_proj_bias=b1, down_proj_bias=b2
     )
-    wrong = {n: t.dtype for n, t in tensors.items() if t is not None and t.dtype != torch.bfloat16}
-    if wrong:
+    try:
+        check_bf16(**{n: t for n, t in tensors.items() if t is not None})
+    except TypeError as exc:
         raise NotImplementedError(
-            f"experts_implementation='swiglu_ops_mxfp8' needs a bf16 model (got {wrong}); load it with "
+            f"experts_implementation='swiglu_ops_mxfp8' needs a bf16 model ({exc}); load it with "
             "dtype=torch.bfloat16, or use 'swiglu_ops' for fp32/fp16"
-        )
-    two_i, d = w1.shape[-1], w1.shape[-2]
-    if two_i % 64 or d % 8:
+        ) from exc
+    try:
+        check_sizes(w1.shape[-1], w1.shape[-2])
+    except ValueError as exc:
         raise NotImplementedError(
-            f"experts_implementation='swiglu_ops_mxfp8' needs the expert intermediate size to be a multiple "
-            f"of 32 and the hidden size of 8 (MX blocks of 32), got intermediate {two_i // 2}, hidden {d}"
-        )
+            f"experts_implementation='swiglu_ops_mxfp8' needs sizes the MX blocks divide (hidden: the "
+            f"expert intermediate size, d_model: the model's hidden size): {exc}"
+        ) from exc
     x_g, weights_g, _, perm, ends = _sort_by_expert(self, hidden_states, top_k_index, top_k_weights)
-    if glu["bias"]:  # GPT-OSS's clipped SwiGLU
-        act = dict(limit=glu["limit"], alpha=glu["alpha"], bias=glu["bias"], interleaved=glu["interleaved"])
-    else:  # the operators' plain SwiGLU, silu(gate) * up
-        act = dict(interleaved=glu["interleaved"])
+    # GPT-OSS's clipped SwiGLU: its checked parameters as they are; else the operators' plain SwiGLU
+    act = glu if glu["bias"] else dict(interleaved=glu["interleaved"])
     out = mxfp8_expert_mlp(x_g, w1, w2, ends, **act, b1=b1, b2=b2, backend=_backend(self))
     return _finish(self, out, weights_g, perm, hidden_states, top_k_index.size(-1))
 

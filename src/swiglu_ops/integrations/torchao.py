@@ -44,12 +44,13 @@ import torch
 from torchao.prototype.mx_formats.mx_tensor import MXTensor
 from torchao.quantization.quantize_.common import KernelPreference
 
+from ..numerics import mx
+from ..numerics.mx import BLOCK
 from ..ops import validate as V
 from ..training import layouts
 
 __all__ = ["rowwise_mxtensor", "tokenwise_mxtensor", "tokenwise_mxtensors", "KernelPreference"]
 
-BLOCK = 32
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FP4 = torch.float4_e2m1fn_x2
 
@@ -122,10 +123,11 @@ def rowwise_mxtensor(
             f"N = {n} is not a multiple of {BLOCK}: torchao's MXTensor has no partial last block "
             "(mx_dequantize handles it)"
         )
-    if tuple(mxscale1.shape) != (*y1.shape[:-1], _ceil_div(n, 64), 2):
+    expected = mx.mxscale1_shape((*y1.shape[:-1], n))
+    if tuple(mxscale1.shape) != expected:
         raise ValueError(
-            f"mxscale1 must have shape {(*y1.shape[:-1], _ceil_div(n, 64), 2)} for y1 of shape "
-            f"{tuple(y1.shape)}, got {tuple(mxscale1.shape)}"
+            f"mxscale1 must have shape {expected} for y1 of shape {tuple(y1.shape)}, got "
+            f"{tuple(mxscale1.shape)}"
         )
     plain = layouts.mxscale1_to_plain(mxscale1, n)  # a view; strided when N % 64 == 32
     if blocked:
@@ -144,8 +146,7 @@ def _group_bounds(group_index, m: int) -> list[tuple[int, int]]:
     V.check_group_index(group_index, V.ENDS)
     ends = group_index.cpu()  # the views' shapes need the values on the host
     V.check_group_ends(ends, m)
-    ends = ends.tolist()
-    return list(zip([0, *ends[:-1]], ends, strict=True))
+    return mx.clamp_group_ends(ends, m)  # checked: the clamp changes nothing
 
 
 def _check_y2(y2, mxscale2, transposed: bool) -> tuple[torch.Tensor, torch.dtype, int, int]:
@@ -184,11 +185,6 @@ def _whole_blocks(bounds, what: str) -> None:
             )
 
 
-def _plain_scales(mxscale2, m: int, group_index) -> torch.Tensor:
-    """``[P, N]``: the groups' blocks in group order (``mxscale2_to_plain``), a new tensor."""
-    return layouts.mxscale2_to_plain(mxscale2, m, group_index)
-
-
 def tokenwise_mxtensor(
     y2t: torch.Tensor,
     mxscale2: torch.Tensor,
@@ -209,7 +205,7 @@ def tokenwise_mxtensor(
     qdata, elem, m, n = _check_y2(y2t, mxscale2, transposed=True)
     bounds = _group_bounds(group_index, m)
     _whole_blocks(bounds, "(one MXTensor over all groups)")
-    plain = _plain_scales(mxscale2, m, group_index)[: m // BLOCK].t()  # [N, M/32]
+    plain = layouts.mxscale2_to_plain(mxscale2, m, group_index)[: m // BLOCK].t()  # [N, M/32]
     scale = _swizzled(plain) if blocked else plain.contiguous()
     return _make(qdata, scale, elem, orig_dtype, kernel_preference, blocked)
 
@@ -244,7 +240,7 @@ def tokenwise_mxtensors(
     qdata, elem, m, n = _check_y2(y2, mxscale2, transposed)
     bounds = _group_bounds(group_index, m)
     _whole_blocks(bounds, "per group")
-    plain = _plain_scales(mxscale2, m, group_index)
+    plain = layouts.mxscale2_to_plain(mxscale2, m, group_index)  # [P, N]: the groups' blocks in order
     out, block = [], 0
     for g, (s, e) in enumerate(bounds):
         data = qdata[:, s:e] if transposed else qdata[s:e].t()

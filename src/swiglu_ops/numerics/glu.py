@@ -44,6 +44,7 @@ __all__ = [
     "backward",
     "forward_rounded",
     "backward_rounded",
+    "act16_product",
 ]
 
 
@@ -196,3 +197,10 @@ def backward_rounded(
     grad[..., a_cols] = grad_a
     grad[..., b_cols] = grad_b
     return grad.to(x.dtype)
+
+
+def act16_product(dy: torch.Tensor, x: torch.Tensor, glu: GluParams) -> torch.Tensor:
+    """``fp32(dy) * fp32(act16)`` elementwise, ``act16`` = :func:`forward_rounded` of ``x`` without a
+    weight (the unweighted activation in x's dtype): the terms whose per-row sum is dL/dweight of the
+    weighted forward (spec 7.1). ``dy`` has ``act16``'s shape ``[..., N]``."""
+    return dy.float() * forward_rounded(x, glu).float()

@@ -65,9 +65,9 @@ _FMT = mx.E4M3FN
 _RCEIL = 1
 _BF16 = torch.bfloat16
 _E8M0 = torch.float8_e8m0fnu
-_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and tuple(
-    int(p) for p in torch.__version__.split("+")[0].split(".")[:2]
-) >= (2, 9)  # CPU kernels since 2.9 (2.8 has CUDA only)
+#: ``(major, minor)`` of the running PyTorch.
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and TORCH_VERSION >= (2, 9)  # CPU kernels since 2.9 (not 2.8)
 
 
 # ------------------------------------------------------------------------------------------ quantisers
@@ -99,13 +99,22 @@ def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(v.shape), scales
 
 
-def _token_blocks(ends: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_experts(ends: torch.Tensor, m: int) -> torch.Tensor:
+    """The expert of every row (int64 ``[m]``), without host synchronisation; in bounds for any values."""
+    rows = torch.arange(m, device=ends.device)
+    return torch.searchsorted(ends.to(torch.int64), rows, right=True).clamp(max=ends.numel() - 1)
+
+
+def _token_blocks(
+    ends: torch.Tensor, m: int, experts: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For every row r: the ``mxscale2`` slot of its 32-row block and its position in the block. Row r of
     group g (first row ``start``) is in slot ``2 * (start // 64 + g) + (r - start) // 32``
-    (:func:`swiglu_ops.numerics.mx.group_row_base`). Tensor ops only (no host synchronisation)."""
+    (:func:`swiglu_ops.numerics.mx.group_row_base`). ``experts``: :func:`_row_experts` of the same ends
+    when already computed. Tensor ops only (no host synchronisation)."""
     ends = ends.to(torch.int64)
     rows = torch.arange(m, device=ends.device)
-    g = torch.searchsorted(ends, rows, right=True).clamp(max=ends.numel() - 1)  # in bounds for any values
+    g = _row_experts(ends, m) if experts is None else experts
     start = torch.cat([ends.new_zeros(1), ends[:-1]])[g]
     offset = rows - start
     return 2 * mx.group_row_base(g, start) + offset // mx.BLOCK, offset % mx.BLOCK
@@ -281,13 +290,16 @@ def _mm_rows(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor) -> torch.T
     return out
 
 
-def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) -> torch.Tensor:
+def _mm_tokens(
+    gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks, b_values: torch.Tensor | None = None
+) -> torch.Tensor:
     """GEMM 4 / 6: per group ``a[g]^T @ b[g]`` for two token-axis MXFP8 operands ``(y2, mxscale2)``,
-    ``[T, Na]`` and ``[T, Nb]`` -> ``[E, Na, Nb]`` bf16 (zeros for an empty group)."""
+    ``[T, Na]`` and ``[T, Nb]`` -> ``[E, Na, Nb]`` bf16 (zeros for an empty group). ``b_values``: ``b``
+    already dequantised (:func:`_dequantize_token_axis`), for the emulated GEMM."""
     (ay, a_s), (by, b_s) = a, b
     if gemm == "emulated":
         lhs = _dequantize_token_axis(ay, a_s, blocks, ends)
-        rhs = _dequantize_token_axis(by, b_s, blocks, ends)
+        rhs = _dequantize_token_axis(by, b_s, blocks, ends) if b_values is None else b_values
         return _grouped_mm(lhs.t(), rhs, offs)
     m = ay.shape[0]
     if gemm == "scaled_grouped_mm":  # "K groups": each group's blocked tiles one after another in memory
@@ -313,16 +325,6 @@ def _mm_tokens(gemm: str, a, b, ends: torch.Tensor, offs: torch.Tensor, blocks) 
 
 
 # ------------------------------------------------------------------------------------ autograd function
-
-
-def _fused_backward(h, dact, ends, glu_kwargs, backend, probs=None):
-    return api.swiglu_backward_mx_quant_dual_axis(h, dact, ends, **glu_kwargs, weight=probs, backend=backend)
-
-
-def _row_experts(ends: torch.Tensor, m: int) -> torch.Tensor:
-    """The expert of every row (int64 ``[m]``), without host synchronisation."""
-    rows = torch.arange(m, device=ends.device)
-    return torch.searchsorted(ends.to(torch.int64), rows, right=True).clamp(max=ends.numel() - 1)
 
 
 def _group_sums(v: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -387,12 +389,11 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
                 db1 = _group_sums(dh, experts, w1.shape[0]) if need_b1 else None
                 if need_probs:  # dL/dprobs = sum_h dact * act16, act16 the unweighted activation (rounded)
-                    act16 = glu_math.forward_rounded(h, glu)
-                    dprobs = (dact.float() * act16.float()).sum(-1).view(probs.shape)
+                    dprobs = glu_math.act16_product(dact, h, glu).sum(-1).view(probs.shape)
             return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
         path, capture = ctx.path, ctx.capture
-        blocks = _token_blocks(ends, x.shape[0])
+        blocks = _token_blocks(ends, x.shape[0], experts)  # experts: saved when there is a bias
         if need_w2:
             doutq = _quantize_token_axis(dout, ends, blocks)
             dw2 = _mm_tokens(path, tuple(saved), doutq, ends, offs, blocks)  # GEMM 4
@@ -400,7 +401,9 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 capture.update(doutq=doutq)
         if need_dh:
             dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)  # GEMM 3, bf16
-            dh = _fused_backward(h, dact, ends, ctx.glu_kwargs, ctx.backend, probs)
+            dh = api.swiglu_backward_mx_quant_dual_axis(
+                h, dact, ends, **ctx.glu_kwargs, weight=probs, backend=ctx.backend
+            )
             if probs is not None:  # the operator's fifth output: dL/dprobs (spec 7.1)
                 dprobs = dh[4].view(probs.shape) if need_probs else None
                 dh = dh[:4]
@@ -411,26 +414,44 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 dx = _mm_rows(path, dh[:2], w1q, ends, offs)  # GEMM 5
                 if capture is not None:
                     capture.update(w1q=w1q)
+            # dh's wgrad operand y2 dequantised, once for the emulated GEMM 6 and b1's gradient together
+            dh2 = None
+            if need_b1 or (need_w1 and path == "emulated"):
+                dh2 = _dequantize_token_axis(dh[2], dh[3], blocks, ends)
             if need_w1:
                 xq = _quantize_token_axis(x, ends, blocks)
-                dw1 = _mm_tokens(path, xq, dh[2:], ends, offs, blocks)  # GEMM 6
+                dw1 = _mm_tokens(path, xq, dh[2:], ends, offs, blocks, dh2)  # GEMM 6
                 if capture is not None:
                     capture.update(xq=xq)
             if need_b1:  # b1 is W1's row for a constant-1 input: its gradient reads dh's wgrad operand y2
-                db1 = _group_sums(_dequantize_token_axis(dh[2], dh[3], blocks, ends), experts, w1.shape[0])
+                db1 = _group_sums(dh2, experts, w1.shape[0])
         if capture is not None:
             capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2, db1=db1, db2=db2, dprobs=dprobs)
         return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
 
-def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2) -> None:
-    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2)):
-        if t is None and name in ("b1", "b2"):
-            continue
+def check_bf16(**tensors) -> None:
+    """TypeError unless every named tensor is a bfloat16 ``torch.Tensor`` (checked in the given order): the
+    expert MLP's operands (leave out an absent optional one)."""
+    for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != _BF16:
             raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+
+
+def check_sizes(two_h: int, d: int) -> None:
+    """ValueError unless the MX blocks of 32 divide the expert MLP's sizes: ``2H % 64 == 0`` (the hidden
+    size H a multiple of 32) and ``d % 8 == 0`` (d_model)."""
+    if two_h % 64 != 0 or d % 8 != 0:
+        raise ValueError(
+            f"hidden must be a multiple of 32 (2H of 64) and d_model of 8 (MX blocks of 32), got "
+            f"2H = {two_h}, d_model = {d}"
+        )
+
+
+def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2) -> None:
+    check_bf16(x=x, w1=w1, w2=w2, **{n: t for n, t in (("b1", b1), ("b2", b2)) if t is not None})
     if x.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
         raise ValueError(
             f"expected x [T, d], w1 [E, d, 2H], w2 [E, H, d]; got {tuple(x.shape)}, {tuple(w1.shape)}, "
@@ -445,11 +466,9 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
     for name, t, shape in (("b1", b1, (e, two_h)), ("b2", b2, (e, d))):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {shape} (one row per expert), got {tuple(t.shape)}")
-    if two_h % 64 != 0 or d % 8 != 0:
-        raise ValueError(f"2H must be a multiple of 64 and d of 8, got 2H = {two_h}, d = {d}")
+    check_sizes(two_h, d)
     check_expert_ends(group_ends, e)
-    V.check_device(x, w1=w1, w2=w2, group_ends=group_ends)
-    V.check_device(x, **{n: t for n, t in (("b1", b1), ("b2", b2)) if t is not None})
+    V.check_device(x, w1=w1, w2=w2, group_ends=group_ends, b1=b1, b2=b2)  # None skipped
     V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
     V.mx_glu_params(True, interleaved, limit, alpha, bias)
     if not isinstance(quantize, bool):
@@ -574,8 +593,7 @@ class MXFP8ExpertMLP(torch.nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        if hidden % 32 or d_model % 8:
-            raise ValueError(f"hidden must be a multiple of 32 and d_model of 8, got {hidden}, {d_model}")
+        check_sizes(2 * hidden, d_model)
         V.mx_glu_params(True, interleaved, limit, alpha, bias)  # errors here, naming the argument
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")

@@ -135,7 +135,8 @@ def dispatch_tokens(
         rank, then in the source's order; differentiable with respect to ``x``), their ``[E_local]`` int64
         cumulative ends, and the plan for :func:`combine_tokens`.
 
-    Host synchronisation: the counts are read on the host once (the splits of the exchange).
+    Host synchronisation: two reads, this rank's counts (the send splits, checked before any collective)
+    and the received counts (the receive splits); nothing else waits for the device.
     """
     world = dist.get_world_size(group)
     if num_experts % world:
@@ -143,14 +144,18 @@ def dispatch_tokens(
     check_expert_ends(group_ends, num_experts)
     local = num_experts // world
     counts = ends_to_counts(group_ends.to(device=x.device, dtype=torch.int64)).view(world, local)
-    send_splits = counts.sum(1).tolist()
-    if sum(send_splits) != x.shape[0] or min(counts.min().item(), 0) < 0:  # before any collective
+    host_counts = counts.tolist()  # the one host read of this rank's counts
+    send_splits = [sum(row) for row in host_counts]
+    negative = any(c < 0 for row in host_counts for c in row)
+    if sum(send_splits) != x.shape[0] or negative:  # before any collective
         raise ValueError(f"group_ends must rise from 0 to x's {x.shape[0]} rows, got {group_ends.tolist()}")
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts.contiguous(), group=group)  # [source rank, local expert]
     recv_splits = recv_counts.sum(1).tolist()
     expert_of_row = (
-        torch.arange(local, device=x.device).repeat(world).repeat_interleave(recv_counts.flatten())
+        torch.arange(local, device=x.device)
+        .repeat(world)
+        .repeat_interleave(recv_counts.flatten(), output_size=sum(recv_splits))  # no second sync
     )
     order = torch.argsort(expert_of_row, stable=True)
     plan = DispatchPlan(

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..numerics import glu as glu_math
-from ..numerics.glu import split_columns
 from ..ops import api
 from ..ops import validate as V
 from ..ops.table import CLIPPED_SWIGLU
@@ -335,15 +334,13 @@ class _SwiGLUMXFunction(torch.autograd.Function):
         scale_alg = V.bwd_mx_scale_alg(scale_alg)
         V.validate_mx_quant(x, _half(x), group_index, activate_left, "rint", scale_alg, dst_dtype, 0.0)
         glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
-        a_cols, b_cols = split_columns(x.shape[-1], glu)
-        xf = x.float()
         ctx.save_for_backward(x, group_index)
         glu_args = dict(limit=limit, alpha=alpha, bias=bias, interleaved=interleaved)
         ctx.options = dict(activate_left=activate_left, scale_alg=scale_alg, dst_dtype=dst_dtype, **glu_args)
         ctx.options["backend"] = backend
         ctx.capture = capture
         # The activation whose gradient the operator's stage 1 computes, in fp32, rounded once.
-        return glu_math.forward(xf[..., a_cols], xf[..., b_cols], glu).to(x.dtype)
+        return glu_math.forward_rounded(x, glu)
 
     @staticmethod
     def backward(ctx, grad_y):
