@@ -21,7 +21,7 @@ from .numerics.tolerances import GRAD_WEIGHT_RTOL, unit_differences, within_near
 from .ops import api
 from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_axis
 from .ops.table import PUBLIC
-from .training.expert_mlp import MXFP8ExpertMLP, expert_mlp_reference
+from .training.expert_mlp import MXFP8ExpertMLP, check_sizes, expert_mlp_reference
 
 #: What the demo compares: the output, the gradients of x, W1, W2 and the router (through the probabilities).
 GRADIENTS = ("out", "dx", "dW1", "dW2", "router")
@@ -199,8 +199,10 @@ def demo(argv=None) -> int:
         help="save the loss curves and the error table as a picture (needs matplotlib)",
     )
     args = p.parse_args(argv)
-    if args.hidden % 32 or args.d_model % 8:
-        p.error("--hidden must be a multiple of 32 and --d-model of 8")
+    try:
+        check_sizes(2 * args.hidden, args.d_model)
+    except ValueError as exc:  # --hidden / --d-model: the expert MLP's own rule
+        p.error(f"--hidden / --d-model: {exc}")
 
     t_all = time.perf_counter()
     print(
