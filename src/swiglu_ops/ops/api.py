@@ -106,7 +106,7 @@ def _check_outs(op: OpDef, plan, out, device) -> list:
 def run(op: OpDef, values: dict, backend="auto", out=None):
     """Steps 2-4 on plain tensors: validate, select, allocate or check ``out=``, launch. Returns the outputs
     in table order (None for absent optional ones)."""
-    values = {n: V.kernel_ready(n, v) for n, v in values.items()}
+    values = {n: V.kernel_ready(v) for n, v in values.items()}
     plan = op.plan(**values)
     impl, kernel = registry.select(backend, op.kernel, op.name, plan.device, plan.dtype)
     if out is None:
@@ -203,7 +203,6 @@ def mx_dequantize(
 
 def dequantize_eager(data, scale, axis, group_index, dtype, dst_dtype) -> torch.Tensor:
     """:func:`mx_dequantize` on plain tensors (also the custom op's real kernel)."""
-    data, scale, group_index = (V.kernel_ready(n, t) for n, t in (("data", data), ("scale", scale),
-                                                                   ("group_index", group_index)))  # fmt: skip
+    data, scale, group_index = map(V.kernel_ready, (data, scale, group_index))
     fmt, _ = V.dequantize_spec(data, scale, axis, group_index, dst_dtype)
     return dequantize(data, scale, fmt, axis=axis, group_index=group_index, dtype=dtype)

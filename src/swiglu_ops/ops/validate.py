@@ -5,14 +5,14 @@ dtype, a ``ValueError`` for a wrong value or shape, never a crash or a silently 
 table (:mod:`.table`) names, per operator, which of these rules its arguments follow; the public functions
 (:mod:`.api`) and the custom ops' fake kernels (:mod:`.custom_ops`) run them through the table.
 
-**The gate** (:func:`kernel_ready`): only plain dense tensors with storage reach a backend's kernel. A
-fake tensor (``FakeTensorMode``, ``torch.compile``), a meta tensor, a tensor subclass (DTensor, torch's
-``TwoTensor``, any wrapper subclass) goes through the registered custom op instead, where torch dispatches
-it (fake kernels, DTensor rules, the subclass's own ``__torch_dispatch__``); an ``out=`` that is not a plain
-dense tensor, or a sparse/mkldnn/nested tensor anywhere, is a ``TypeError`` naming the argument. Negative
-and conjugate views are resolved into plain values before a pointer is taken (an input) or refused (an
-``out=``, whose writes would not show through the view). Overlap between an ``out=`` and an input is judged
-on address ranges, not storage objects.
+**The gate** (:func:`via_custom_op`, :func:`kernel_ready`): only plain dense tensors with storage reach a
+backend's kernel. A fake tensor (``FakeTensorMode``, ``torch.compile``), a meta tensor, a tensor subclass
+(DTensor, torch's ``TwoTensor``, any wrapper subclass) goes through the registered custom op instead, where
+torch dispatches it (fake kernels, DTensor rules, the subclass's own ``__torch_dispatch__``); an ``out=`` that
+is not a plain dense tensor, or a sparse/mkldnn/nested tensor anywhere, is a ``TypeError`` naming the
+argument. Negative and conjugate views are resolved into plain values before a pointer is taken (an input) or
+refused (an ``out=``, whose writes would not show through the view). Overlap between an ``out=`` and an input
+is judged on address ranges, not storage objects.
 """
 
 from __future__ import annotations
@@ -116,13 +116,12 @@ def check_fake_mix(tensors: dict) -> None:
         )
 
 
-def kernel_ready(name: str, t):
-    """An input as a kernel may read it: detached, negative and conjugate bits resolved into values (a
-    negated view read through its pointer would give the un-negated numbers). None stays None."""
+def kernel_ready(t):
+    """An input as a kernel may read it: :func:`detached`, negative and conjugate bits resolved into values
+    (a negated view read through its pointer would give the un-negated numbers). None stays None."""
     if not isinstance(t, torch.Tensor):
         return t
-    if t.requires_grad:  # the operators are not differentiable themselves; their autograd wrappers are
-        t = t.detach()
+    t = detached(t)
     if t.is_neg() or t.is_conj():
         t = t.resolve_conj().resolve_neg()
     return t
