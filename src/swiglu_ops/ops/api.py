@@ -77,12 +77,12 @@ def _via_custom_op(op: OpDef, values: dict, backend, out):
     return _public_result(op, outs, values)
 
 
-def _check_outs(op: OpDef, plan, out, device) -> list:
+def _check_outs(op: OpDef, values: dict, plan, out, device) -> list:
     names = op.out_names()
     if len(op.outputs) == 1:
         given = [out]
     else:  # as many as the public function returns: an absent dropped output takes no slot
-        kept = [o for o, s in zip(op.outputs, plan.outputs, strict=True) if s is not None or not o.dropped]
+        kept = op.returned(values)
         if not isinstance(out, (tuple, list)) or len(out) != len(kept):
             raise TypeError(f"out must be a ({', '.join(o.name for o in kept)}) tuple")
         slots = iter(out)
@@ -112,7 +112,7 @@ def run(op: OpDef, values: dict, backend="auto", out=None):
     if out is None:
         outs = [None if s is None else _empty(impl, s[0], s[1], plan.device) for s in plan.outputs]
     else:
-        outs = _check_outs(op, plan, out, plan.device)
+        outs = _check_outs(op, values, plan, out, plan.device)
     if plan.launch is not None:
         plan.launch(kernel, outs)
     elif plan.fill is not None:

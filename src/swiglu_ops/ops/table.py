@@ -158,7 +158,8 @@ def _mx_outs(outs, batch, m, views):
 
 
 def _grad_weight_spec(weight):
-    """The backward MX operator's fifth output: grad_weight in weight's shape, fp32 (absent without it)."""
+    """The grad_weight output (swiglu_group_grad's second, the backward MX operator's fifth): weight's shape,
+    fp32 (absent without a weight)."""
     return None if weight is None else (tuple(weight.shape), torch.float32)
 
 
@@ -279,10 +280,7 @@ def _plan_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit) -> P
             None if grad_weight is None else grad_weight.view(rows),
         )
 
-    outputs = (
-        (tuple(x.shape), grad_y.dtype),
-        None if weight is None else (tuple(weight.shape), torch.float32),
-    )
+    outputs = ((tuple(x.shape), grad_y.dtype), _grad_weight_spec(weight))
     inputs = dict(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
     return Plan(x.device, x.dtype, outputs, inputs, launch if rows else None)
 
