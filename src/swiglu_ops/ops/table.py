@@ -358,12 +358,11 @@ def _plan_bwd_mx(
     x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha,
     bias, interleaved, transpose_y2, weight,
 ) -> Plan:  # fmt: skip
-    scale_alg = V.bwd_mx_scale_alg(scale_alg)
-    fmt = V.validate_mx_quant(
-        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
-    )
+    fmt, scale_alg, glu = V.validate_mx_backward(
+        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit,
+        alpha, bias, interleaved,
+    )  # fmt: skip
     V.check_transpose_y2(transpose_y2, fmt)
-    glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
     *lead, m, c = x.shape
     batch = math.prod(lead)
     V.check_weight(weight, x, batch * m)
@@ -376,7 +375,7 @@ def _plan_bwd_mx(
             _flat(y_grad, batch, m, c // 2),
             None if group_index is None else group_index.to(torch.int64).contiguous(),
             glu,
-            int(scale_alg),
+            scale_alg,
             fmt,
             *_mx_outs(outs[:4], batch, m, views),
             transpose_y2=transpose_y2,

@@ -346,16 +346,31 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
     return fp32_value(clamp_limit)
 
 
+def validate_mx_backward(
+    x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha,
+    bias, interleaved,
+):  # fmt: skip
+    """Every rule of the backward MX operator (swiglu_backward_mx_quant.md section 1.5, the contract, the GLU
+    parameters). Returns ``(fmt, scale_alg, glu)`` resolved: the FP8Format, 0 or 1 (None means 1) and the
+    :class:`swiglu_ops.numerics.glu.GluParams` of stage 1."""
+    scale_alg = bwd_mx_scale_alg(scale_alg)
+    fmt = validate_mx_quant(
+        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
+    )
+    glu = mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+    return fmt, int(scale_alg), glu
+
+
 def validate_mx_quant(
     x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
 ):
-    """Every rejection of swiglu_backward_mx_quant.md section 1.5 plus the contract; returns the FP8Format."""
+    """The tensor and format rules of the backward MX operator (swiglu_backward_mx_quant.md section 1.5 plus
+    the contract); returns the FP8Format. ``activate_left`` and the GLU parameters are checked by
+    :func:`mx_glu_params`: call :func:`validate_mx_backward`, which runs both."""
     check_data_pair("x", x, "y_grad", y_grad)
     if not isinstance(dst_dtype, torch.dtype):
         raise TypeError(f"dst_dtype must be a torch.dtype, got {type(dst_dtype).__name__}")
-    fmt = mx.fp8_format(dst_dtype)
-    if not isinstance(activate_left, bool):
-        raise TypeError(f"activate_left must be a bool, got {type(activate_left).__name__}")
+    fmt = mx.fp8_format(dst_dtype)  # activate_left: glu_params checks it (validate_mx_backward)
     if round_mode != "rint":
         raise ValueError(f"round_mode must be 'rint' (the only mode for FP8 outputs), got {round_mode!r}")
     check_scale_alg(scale_alg)
