@@ -152,9 +152,16 @@ def _flat(t: torch.Tensor | None, *shape):
     return None if t is None else t.reshape(*shape).contiguous()
 
 
-def _mx_outs(outs, batch, m, views):
-    """The four MX outputs as the uint8 ``[B, ...]`` views of the kernel contract."""
-    return [t.view(torch.uint8).view(batch, *v) for t, v in zip(outs, views, strict=True)]
+def _mx_outs(outs, batch):
+    """The four MX outputs (shapes of :func:`.validate.mx_output_specs`) as the uint8 ``[B, ...]`` views of
+    the kernel contract, read from their own shapes; mxscale1's slot pairs flattened to ``[B, M, slots]``."""
+    y1, s1, y2, s2 = (t.view(torch.uint8) for t in outs)
+    return [
+        y1.view(batch, *y1.shape[-2:]),
+        s1.view(batch, s1.shape[-3], -1),
+        y2.view(batch, *y2.shape[-2:]),
+        s2.view(batch, *s2.shape[-3:]),
+    ]
 
 
 def _grad_weight_spec(weight):
@@ -366,10 +373,9 @@ def _plan_bwd_mx(
     *lead, m, c = x.shape
     batch = math.prod(lead)
     V.check_weight(weight, x, batch * m)
-    outputs = (*V.mx_output_specs(x, group_index, dst_dtype, transpose_y2), _grad_weight_spec(weight))
+    outputs = (*V.mx_output_specs(x.shape, group_index, fmt, transpose_y2), _grad_weight_spec(weight))
 
     def launch(kernel, outs):
-        views = ((m, c), (m, c // 32), (c, m) if transpose_y2 else (m, c), (outs[3].shape[-3], c, 2))
         kernel(
             _flat(x, batch, m, c),
             _flat(y_grad, batch, m, c // 2),
@@ -377,7 +383,7 @@ def _plan_bwd_mx(
             glu,
             scale_alg,
             fmt,
-            *_mx_outs(outs[:4], batch, m, views),
+            *_mx_outs(outs[:4], batch),
             transpose_y2=transpose_y2,
             **_weight_args(weight, outs[4], batch * m),
         )
@@ -444,18 +450,11 @@ def _plan_fwd_mx(
     )  # fmt: skip
     V.check_transpose_y2(transpose_y2, fmt)
     *lead, m, c = x.shape
-    batch, n = math.prod(lead), c // 2
+    batch = math.prod(lead)
     V.check_weight(weight, x, batch * m)
     outputs = tuple(V.mx_forward_output_specs(x, group_index, fmt, transpose_y2))
 
     def launch(kernel, outs):
-        width = outs[0].shape[-1]
-        views = (
-            (m, width),
-            (m, mx.mxscale1_slots(n)),
-            (n, m) if transpose_y2 else (m, width),
-            (outs[3].shape[-3], n, 2),
-        )
         kernel(
             _flat(x, batch, m, c),
             None if group_index is None else group_index.to(torch.int64).contiguous(),
@@ -463,7 +462,7 @@ def _plan_fwd_mx(
             scale_alg,
             fmt,
             mode,
-            *_mx_outs(outs, batch, m, views),
+            *_mx_outs(outs, batch),
             transpose_y2=transpose_y2,
             **_weight_args(weight, None, batch * m),
         )

@@ -609,28 +609,24 @@ def validate_mx_forward(
     return fmt, int(scale_alg), mode, glu
 
 
-def mx_forward_output_specs(x, group_index, fmt, transpose_y2=False):
-    """(shape, dtype) of y1, mxscale1, y2, mxscale2 of the forward operator (swiglu_mx_quant.md 0 / 1.2);
-    the fake kernel uses it too. FP4 y1/y2 count bytes: ``[..., M, N/2]``. With ``transpose_y2`` (FP8)
-    y2 is ``[..., N, M]``."""
-    *lead, m, c = x.shape
-    n = c // 2
-    y = ((*lead, m, n // 2 if fmt.packed else n), fmt.torch_dtype)
-    y2 = ((*lead, n, m), fmt.torch_dtype) if transpose_y2 else y
+def mx_output_specs(shape, group_index, fmt: mx.ElementFormat, transpose_y2=False):
+    """(shape, dtype) of y1, mxscale1, y2, mxscale2 of both MX operators for quantised values ``shape =
+    [..., M, C]`` (the forward's activation ``[..., M, N]``, the backward's gradient ``[..., M, 2N]``;
+    swiglu_mx_quant.md 0 / 1.2, swiglu_backward_mx_quant.md 1.2); the fake kernels use it too. y1/y2 are
+    ``[..., M, C]`` in ``fmt``'s dtype (packed FP4: ``[..., M, C/2]`` bytes), with ``transpose_y2`` (FP8) y2
+    is ``[..., C, M]``; mxscale1 ``[..., M, ceil(C/64), 2]``, mxscale2 ``[..., R, C, 2]``."""
+    *lead, m, c = shape
+    y = ((*lead, m, c // 2 if fmt.packed else c), fmt.torch_dtype)
+    y2 = ((*lead, c, m), fmt.torch_dtype) if transpose_y2 else y
     r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
     e8m0 = torch.float8_e8m0fnu
-    return [y, (mx.mxscale1_shape((*lead, m, n)), e8m0), y2, ((*lead, r, n, 2), e8m0)]
+    return [y, (mx.mxscale1_shape((*lead, m, c)), e8m0), y2, ((*lead, r, c, 2), e8m0)]
 
 
-def mx_output_specs(x, group_index, dst_dtype, transpose_y2=False):
-    """(shape, dtype) of y1, mxscale1, y2, mxscale2 for ``x`` (spec 1.2); the fake kernel uses it too.
-    With ``transpose_y2`` y2 is ``[..., C, M]`` (token-contiguous)."""
+def mx_forward_output_specs(x, group_index, fmt, transpose_y2=False):
+    """:func:`mx_output_specs` of the forward operator for its input ``x [..., M, 2N]``."""
     *lead, m, c = x.shape
-    r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
-    y2 = (*lead, c, m) if transpose_y2 else tuple(x.shape)
-    shapes = (tuple(x.shape), mx.mxscale1_shape(x.shape), y2, (*lead, r, c, 2))
-    dtypes = (dst_dtype, torch.float8_e8m0fnu, dst_dtype, torch.float8_e8m0fnu)
-    return list(zip(shapes, dtypes, strict=True))
+    return mx_output_specs((*lead, m, c // 2), group_index, fmt, transpose_y2)
 
 
 def dequantize_spec(data, scale, axis, group_index, dst_dtype):
