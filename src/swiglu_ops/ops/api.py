@@ -77,12 +77,12 @@ def _via_custom_op(op: OpDef, values: dict, backend, out):
     return _public_result(op, outs, values)
 
 
-def _check_outs(op: OpDef, plan, out, device) -> list:
+def _check_outs(op: OpDef, values: dict, plan, out, device) -> list:
     names = op.out_names()
     if len(op.outputs) == 1:
         given = [out]
     else:  # as many as the public function returns: an absent dropped output takes no slot
-        kept = [o for o, s in zip(op.outputs, plan.outputs, strict=True) if s is not None or not o.dropped]
+        kept = op.returned(values)
         if not isinstance(out, (tuple, list)) or len(out) != len(kept):
             raise TypeError(f"out must be a ({', '.join(o.name for o in kept)}) tuple")
         slots = iter(out)
@@ -106,13 +106,13 @@ def _check_outs(op: OpDef, plan, out, device) -> list:
 def run(op: OpDef, values: dict, backend="auto", out=None):
     """Steps 2-4 on plain tensors: validate, select, allocate or check ``out=``, launch. Returns the outputs
     in table order (None for absent optional ones)."""
-    values = {n: V.kernel_ready(n, v) for n, v in values.items()}
+    values = {n: V.kernel_ready(v) for n, v in values.items()}
     plan = op.plan(**values)
     impl, kernel = registry.select(backend, op.kernel, op.name, plan.device, plan.dtype)
     if out is None:
         outs = [None if s is None else _empty(impl, s[0], s[1], plan.device) for s in plan.outputs]
     else:
-        outs = _check_outs(op, plan, out, plan.device)
+        outs = _check_outs(op, values, plan, out, plan.device)
     if plan.launch is not None:
         plan.launch(kernel, outs)
     elif plan.fill is not None:
@@ -130,7 +130,7 @@ def _empty(impl, shape, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 def call(op: OpDef, values: dict, backend="auto", out=None):
     """The one dispatch point of every public operator function (module docstring)."""
-    if torch.compiler.is_compiling() or V.needs_dispatch({n: values[n] for n in op.tensor_params}):
+    if V.via_custom_op({n: values[n] for n in op.tensor_params}):
         return _via_custom_op(op, values, backend, out)
     return _public_result(op, run(op, values, backend, out), values)
 
@@ -193,7 +193,7 @@ def mx_dequantize(
     op, ``torch.ops.swiglu_ops.mx_dequantize``).
     """
     tensors = {"data": data, "scale": scale, "group_index": group_index}
-    if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
+    if V.via_custom_op(tensors):
         return torch.ops.swiglu_ops.mx_dequantize(
             data, scale, axis=axis, group_index=group_index, dtype=dtype,
             dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),
@@ -203,7 +203,6 @@ def mx_dequantize(
 
 def dequantize_eager(data, scale, axis, group_index, dtype, dst_dtype) -> torch.Tensor:
     """:func:`mx_dequantize` on plain tensors (also the custom op's real kernel)."""
-    data, scale, group_index = (V.kernel_ready(n, t) for n, t in (("data", data), ("scale", scale),
-                                                                   ("group_index", group_index)))  # fmt: skip
+    data, scale, group_index = map(V.kernel_ready, (data, scale, group_index))
     fmt, _ = V.dequantize_spec(data, scale, axis, group_index, dst_dtype)
     return dequantize(data, scale, fmt, axis=axis, group_index=group_index, dtype=dtype)

@@ -152,13 +152,21 @@ def _flat(t: torch.Tensor | None, *shape):
     return None if t is None else t.reshape(*shape).contiguous()
 
 
-def _mx_outs(outs, batch, m, views):
-    """The four MX outputs as the uint8 ``[B, ...]`` views of the kernel contract."""
-    return [t.view(torch.uint8).view(batch, *v) for t, v in zip(outs, views, strict=True)]
+def _mx_outs(outs, batch):
+    """The four MX outputs (shapes of :func:`.validate.mx_output_specs`) as the uint8 ``[B, ...]`` views of
+    the kernel contract, read from their own shapes; mxscale1's slot pairs flattened to ``[B, M, slots]``."""
+    y1, s1, y2, s2 = (t.view(torch.uint8) for t in outs)
+    return [
+        y1.view(batch, *y1.shape[-2:]),
+        s1.view(batch, s1.shape[-3], -1),
+        y2.view(batch, *y2.shape[-2:]),
+        s2.view(batch, *s2.shape[-3:]),
+    ]
 
 
 def _grad_weight_spec(weight):
-    """The backward MX operator's fifth output: grad_weight in weight's shape, fp32 (absent without it)."""
+    """The grad_weight output (swiglu_group_grad's second, the backward MX operator's fifth): weight's shape,
+    fp32 (absent without a weight)."""
     return None if weight is None else (tuple(weight.shape), torch.float32)
 
 
@@ -279,10 +287,7 @@ def _plan_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit) -> P
             None if grad_weight is None else grad_weight.view(rows),
         )
 
-    outputs = (
-        (tuple(x.shape), grad_y.dtype),
-        None if weight is None else (tuple(weight.shape), torch.float32),
-    )
+    outputs = ((tuple(x.shape), grad_y.dtype), _grad_weight_spec(weight))
     inputs = dict(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
     return Plan(x.device, x.dtype, outputs, inputs, launch if rows else None)
 
@@ -360,27 +365,25 @@ def _plan_bwd_mx(
     x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha,
     bias, interleaved, transpose_y2, weight,
 ) -> Plan:  # fmt: skip
-    scale_alg = V.bwd_mx_scale_alg(scale_alg)
-    fmt = V.validate_mx_quant(
-        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
-    )
+    fmt, scale_alg, glu = V.validate_mx_backward(
+        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit,
+        alpha, bias, interleaved,
+    )  # fmt: skip
     V.check_transpose_y2(transpose_y2, fmt)
-    glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
     *lead, m, c = x.shape
     batch = math.prod(lead)
     V.check_weight(weight, x, batch * m)
-    outputs = (*V.mx_output_specs(x, group_index, dst_dtype, transpose_y2), _grad_weight_spec(weight))
+    outputs = (*V.mx_output_specs(x.shape, group_index, fmt, transpose_y2), _grad_weight_spec(weight))
 
     def launch(kernel, outs):
-        views = ((m, c), (m, c // 32), (c, m) if transpose_y2 else (m, c), (outs[3].shape[-3], c, 2))
         kernel(
             _flat(x, batch, m, c),
             _flat(y_grad, batch, m, c // 2),
             None if group_index is None else group_index.to(torch.int64).contiguous(),
             glu,
-            int(scale_alg),
+            scale_alg,
             fmt,
-            *_mx_outs(outs[:4], batch, m, views),
+            *_mx_outs(outs[:4], batch),
             transpose_y2=transpose_y2,
             **_weight_args(weight, outs[4], batch * m),
         )
@@ -447,18 +450,11 @@ def _plan_fwd_mx(
     )  # fmt: skip
     V.check_transpose_y2(transpose_y2, fmt)
     *lead, m, c = x.shape
-    batch, n = math.prod(lead), c // 2
+    batch = math.prod(lead)
     V.check_weight(weight, x, batch * m)
     outputs = tuple(V.mx_forward_output_specs(x, group_index, fmt, transpose_y2))
 
     def launch(kernel, outs):
-        width = outs[0].shape[-1]
-        views = (
-            (m, width),
-            (m, mx.mxscale1_slots(n)),
-            (n, m) if transpose_y2 else (m, width),
-            (outs[3].shape[-3], n, 2),
-        )
         kernel(
             _flat(x, batch, m, c),
             None if group_index is None else group_index.to(torch.int64).contiguous(),
@@ -466,7 +462,7 @@ def _plan_fwd_mx(
             scale_alg,
             fmt,
             mode,
-            *_mx_outs(outs, batch, m, views),
+            *_mx_outs(outs, batch),
             transpose_y2=transpose_y2,
             **_weight_args(weight, None, batch * m),
         )

@@ -5,14 +5,14 @@ dtype, a ``ValueError`` for a wrong value or shape, never a crash or a silently 
 table (:mod:`.table`) names, per operator, which of these rules its arguments follow; the public functions
 (:mod:`.api`) and the custom ops' fake kernels (:mod:`.custom_ops`) run them through the table.
 
-**The gate** (:func:`kernel_ready`): only plain dense tensors with storage reach a backend's kernel. A
-fake tensor (``FakeTensorMode``, ``torch.compile``), a meta tensor, a tensor subclass (DTensor, torch's
-``TwoTensor``, any wrapper subclass) goes through the registered custom op instead, where torch dispatches
-it (fake kernels, DTensor rules, the subclass's own ``__torch_dispatch__``); an ``out=`` that is not a plain
-dense tensor, or a sparse/mkldnn/nested tensor anywhere, is a ``TypeError`` naming the argument. Negative
-and conjugate views are resolved into plain values before a pointer is taken (an input) or refused (an
-``out=``, whose writes would not show through the view). Overlap between an ``out=`` and an input is judged
-on address ranges, not storage objects.
+**The gate** (:func:`via_custom_op`, :func:`kernel_ready`): only plain dense tensors with storage reach a
+backend's kernel. A fake tensor (``FakeTensorMode``, ``torch.compile``), a meta tensor, a tensor subclass
+(DTensor, torch's ``TwoTensor``, any wrapper subclass) goes through the registered custom op instead, where
+torch dispatches it (fake kernels, DTensor rules, the subclass's own ``__torch_dispatch__``); an ``out=`` that
+is not a plain dense tensor, or a sparse/mkldnn/nested tensor anywhere, is a ``TypeError`` naming the
+argument. Negative and conjugate views are resolved into plain values before a pointer is taken (an input) or
+refused (an ``out=``, whose writes would not show through the view). Overlap between an ``out=`` and an input
+is judged on address ranges, not storage objects.
 """
 
 from __future__ import annotations
@@ -67,6 +67,14 @@ def needs_dispatch(tensors: dict) -> bool:
     return routed
 
 
+def via_custom_op(tensors: dict) -> bool:
+    """The gate of every public entry point (operators, :func:`swiglu_ops.mx_dequantize`, the layout helpers
+    with a group_index): whether the call goes through its registered custom op, i.e. inside
+    ``torch.compile`` or for tensors torch must dispatch (:func:`needs_dispatch`), instead of straight to a
+    kernel."""
+    return torch.compiler.is_compiling() or needs_dispatch(tensors)
+
+
 def _active_fake_mode():
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     return mode if isinstance(mode, FakeTensorMode) else None
@@ -108,13 +116,12 @@ def check_fake_mix(tensors: dict) -> None:
         )
 
 
-def kernel_ready(name: str, t):
-    """An input as a kernel may read it: detached, negative and conjugate bits resolved into values (a
-    negated view read through its pointer would give the un-negated numbers). None stays None."""
+def kernel_ready(t):
+    """An input as a kernel may read it: :func:`detached`, negative and conjugate bits resolved into values
+    (a negated view read through its pointer would give the un-negated numbers). None stays None."""
     if not isinstance(t, torch.Tensor):
         return t
-    if t.requires_grad:  # the operators are not differentiable themselves; their autograd wrappers are
-        t = t.detach()
+    t = detached(t)
     if t.is_neg() or t.is_conj():
         t = t.resolve_conj().resolve_neg()
     return t
@@ -339,16 +346,31 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
     return fp32_value(clamp_limit)
 
 
+def validate_mx_backward(
+    x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value, limit, alpha,
+    bias, interleaved,
+):  # fmt: skip
+    """Every rule of the backward MX operator (swiglu_backward_mx_quant.md section 1.5, the contract, the GLU
+    parameters). Returns ``(fmt, scale_alg, glu)`` resolved: the FP8Format, 0 or 1 (None means 1) and the
+    :class:`swiglu_ops.numerics.glu.GluParams` of stage 1."""
+    scale_alg = bwd_mx_scale_alg(scale_alg)
+    fmt = validate_mx_quant(
+        x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
+    )
+    glu = mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+    return fmt, int(scale_alg), glu
+
+
 def validate_mx_quant(
     x, y_grad, group_index, activate_left, round_mode, scale_alg, dst_dtype, max_dtype_value
 ):
-    """Every rejection of swiglu_backward_mx_quant.md section 1.5 plus the contract; returns the FP8Format."""
+    """The tensor and format rules of the backward MX operator (swiglu_backward_mx_quant.md section 1.5 plus
+    the contract); returns the FP8Format. ``activate_left`` and the GLU parameters are checked by
+    :func:`mx_glu_params`: call :func:`validate_mx_backward`, which runs both."""
     check_data_pair("x", x, "y_grad", y_grad)
     if not isinstance(dst_dtype, torch.dtype):
         raise TypeError(f"dst_dtype must be a torch.dtype, got {type(dst_dtype).__name__}")
-    fmt = mx.fp8_format(dst_dtype)
-    if not isinstance(activate_left, bool):
-        raise TypeError(f"activate_left must be a bool, got {type(activate_left).__name__}")
+    fmt = mx.fp8_format(dst_dtype)  # activate_left: glu_params checks it (validate_mx_backward)
     if round_mode != "rint":
         raise ValueError(f"round_mode must be 'rint' (the only mode for FP8 outputs), got {round_mode!r}")
     check_scale_alg(scale_alg)
@@ -587,28 +609,24 @@ def validate_mx_forward(
     return fmt, int(scale_alg), mode, glu
 
 
-def mx_forward_output_specs(x, group_index, fmt, transpose_y2=False):
-    """(shape, dtype) of y1, mxscale1, y2, mxscale2 of the forward operator (swiglu_mx_quant.md 0 / 1.2);
-    the fake kernel uses it too. FP4 y1/y2 count bytes: ``[..., M, N/2]``. With ``transpose_y2`` (FP8)
-    y2 is ``[..., N, M]``."""
-    *lead, m, c = x.shape
-    n = c // 2
-    y = ((*lead, m, n // 2 if fmt.packed else n), fmt.torch_dtype)
-    y2 = ((*lead, n, m), fmt.torch_dtype) if transpose_y2 else y
+def mx_output_specs(shape, group_index, fmt: mx.ElementFormat, transpose_y2=False):
+    """(shape, dtype) of y1, mxscale1, y2, mxscale2 of both MX operators for quantised values ``shape =
+    [..., M, C]`` (the forward's activation ``[..., M, N]``, the backward's gradient ``[..., M, 2N]``;
+    swiglu_mx_quant.md 0 / 1.2, swiglu_backward_mx_quant.md 1.2); the fake kernels use it too. y1/y2 are
+    ``[..., M, C]`` in ``fmt``'s dtype (packed FP4: ``[..., M, C/2]`` bytes), with ``transpose_y2`` (FP8) y2
+    is ``[..., C, M]``; mxscale1 ``[..., M, ceil(C/64), 2]``, mxscale2 ``[..., R, C, 2]``."""
+    *lead, m, c = shape
+    y = ((*lead, m, c // 2 if fmt.packed else c), fmt.torch_dtype)
+    y2 = ((*lead, c, m), fmt.torch_dtype) if transpose_y2 else y
     r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
     e8m0 = torch.float8_e8m0fnu
-    return [y, (mx.mxscale1_shape((*lead, m, n)), e8m0), y2, ((*lead, r, n, 2), e8m0)]
+    return [y, (mx.mxscale1_shape((*lead, m, c)), e8m0), y2, ((*lead, r, c, 2), e8m0)]
 
 
-def mx_output_specs(x, group_index, dst_dtype, transpose_y2=False):
-    """(shape, dtype) of y1, mxscale1, y2, mxscale2 for ``x`` (spec 1.2); the fake kernel uses it too.
-    With ``transpose_y2`` y2 is ``[..., C, M]`` (token-contiguous)."""
+def mx_forward_output_specs(x, group_index, fmt, transpose_y2=False):
+    """:func:`mx_output_specs` of the forward operator for its input ``x [..., M, 2N]``."""
     *lead, m, c = x.shape
-    r = mx.mxscale2_rows(m, None if group_index is None else group_index.numel())
-    y2 = (*lead, c, m) if transpose_y2 else tuple(x.shape)
-    shapes = (tuple(x.shape), mx.mxscale1_shape(x.shape), y2, (*lead, r, c, 2))
-    dtypes = (dst_dtype, torch.float8_e8m0fnu, dst_dtype, torch.float8_e8m0fnu)
-    return list(zip(shapes, dtypes, strict=True))
+    return mx_output_specs((*lead, m, c // 2), group_index, fmt, transpose_y2)
 
 
 def dequantize_spec(data, scale, axis, group_index, dst_dtype):

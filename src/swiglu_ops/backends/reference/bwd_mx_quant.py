@@ -14,7 +14,7 @@ from ...numerics import glu as glu_math
 from ...numerics.glu import GluParams
 from . import fwd_mx_quant
 from .dual_axis import quantize_dual_axis
-from .group_grad import numpy_pairwise_sum
+from .group_grad import grad_weight_sum
 
 
 def stage1(x: torch.Tensor, dy: torch.Tensor, glu: GluParams, weight: torch.Tensor | None = None):
@@ -32,10 +32,7 @@ def grad_weight_of(x: torch.Tensor, dy: torch.Tensor, glu: GluParams) -> torch.T
     unweighted stage 1 with the same GLU parameters, rounded to x's dtype. Every row, whatever the groups:
     exactly :func:`.group_grad.swiglu_group_grad`'s grad_weight for ``y_origin = act16``.
     """
-    act16 = fwd_mx_quant.stage1(x, glu)  # [B, M, N] in x's dtype
-    n = act16.shape[-1]
-    product = dy.float().reshape(-1, n) * act16.float().reshape(-1, n)
-    return 0.0 + numpy_pairwise_sum(product)
+    return grad_weight_sum(dy, fwd_mx_quant.stage1(x, glu))  # act16: [B, M, N] in x's dtype
 
 
 def swiglu_bwd_mx_quant(

@@ -38,6 +38,13 @@ def numpy_pairwise_sum(a: torch.Tensor) -> torch.Tensor:
     return numpy_pairwise_sum(a[:, :n2]) + numpy_pairwise_sum(a[:, n2:])
 
 
+def grad_weight_sum(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The routing-weight gradient of both operators that have one, [rows] fp32: ``0.0 +`` the NumPy pairwise
+    sum of ``fp32(dy) * fp32(y)`` over the last axis (the ``0.0 +`` makes a -0.0 sum +0.0)."""
+    n = y.shape[-1]
+    return 0.0 + numpy_pairwise_sum(dy.float().reshape(-1, n) * y.float().reshape(-1, n))
+
+
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
     """Backend entry point (the kernel contract: ``docs/design.md``). Writes grad_x/grad_weight."""
     rows, hidden = dy.shape
@@ -80,5 +87,4 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
     grad_x[:, hidden:] = du.to(grad_x.dtype)
 
     if grad_weight is not None:
-        p = dy * y_origin.float()  # grad_weight is never masked
-        grad_weight.copy_(0.0 + numpy_pairwise_sum(p))
+        grad_weight.copy_(grad_weight_sum(dy, y_origin))  # grad_weight is never masked
