@@ -331,9 +331,20 @@ class _SwiGLUMXFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss):
         limit, alpha, bias, interleaved = gpt_oss
-        scale_alg = V.bwd_mx_scale_alg(scale_alg)
-        V.validate_mx_quant(x, _half(x), group_index, activate_left, "rint", scale_alg, dst_dtype, 0.0)
-        glu = V.mx_glu_params(activate_left, interleaved, limit, alpha, bias)
+        _, scale_alg, glu = V.validate_mx_backward(
+            x,
+            _half(x),
+            group_index,
+            activate_left,
+            "rint",
+            scale_alg,
+            dst_dtype,
+            0.0,
+            limit,
+            alpha,
+            bias,
+            interleaved,
+        )
         ctx.save_for_backward(x, group_index)
         glu_args = dict(limit=limit, alpha=alpha, bias=bias, interleaved=interleaved)
         ctx.options = dict(activate_left=activate_left, scale_alg=scale_alg, dst_dtype=dst_dtype, **glu_args)
