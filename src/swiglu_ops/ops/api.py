@@ -130,7 +130,7 @@ def _empty(impl, shape, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 def call(op: OpDef, values: dict, backend="auto", out=None):
     """The one dispatch point of every public operator function (module docstring)."""
-    if V.via_custom_op({n: values[n] for n in op.tensor_params}):
+    if torch.compiler.is_compiling() or V.needs_dispatch({n: values[n] for n in op.tensor_params}):
         return _via_custom_op(op, values, backend, out)
     return _public_result(op, run(op, values, backend, out), values)
 
@@ -193,7 +193,7 @@ def mx_dequantize(
     op, ``torch.ops.swiglu_ops.mx_dequantize``).
     """
     tensors = {"data": data, "scale": scale, "group_index": group_index}
-    if V.via_custom_op(tensors):
+    if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
         return torch.ops.swiglu_ops.mx_dequantize(
             data, scale, axis=axis, group_index=group_index, dtype=dtype,
             dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),

@@ -67,14 +67,6 @@ def needs_dispatch(tensors: dict) -> bool:
     return routed
 
 
-def via_custom_op(tensors: dict) -> bool:
-    """The gate of every public entry point (operators, :func:`swiglu_ops.mx_dequantize`, the layout helpers
-    with a group_index): whether the call goes through its registered custom op, i.e. inside
-    ``torch.compile`` or for tensors torch must dispatch (:func:`needs_dispatch`), instead of straight to a
-    kernel."""
-    return torch.compiler.is_compiling() or needs_dispatch(tensors)
-
-
 def _active_fake_mode():
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     return mode if isinstance(mode, FakeTensorMode) else None

@@ -126,6 +126,18 @@ def _column_blocks(group_index, m: int):
     return 2 * (starts // 64 + g), (ends - starts + mx.BLOCK - 1) // mx.BLOCK
 
 
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _via_op(**tensors) -> bool:
+    """Whether a helper runs as its custom op: inside torch.compile, or for tensors that torch must dispatch
+    (fake, meta, subclasses such as DTensor, an active dispatch mode; the operators' gate,
+    :func:`swiglu_ops.ops.validate.needs_dispatch`), whose own rules then apply (e.g. DTensor's sharding
+    strategies) instead of plain tensors the helper would create beside them."""
+    return _compiling() or V.needs_dispatch(tensors)
+
+
 # ------------------------------------------------------------------------------------------------ API
 
 
@@ -134,9 +146,7 @@ def to_blocked(scales: torch.Tensor) -> torch.Tensor:
 
     Returns ``[ceil(rows/128)*128, ceil(cols/4)*4]`` whose memory is the blocked layout (see module doc).
     """
-    # Only inside torch.compile, not through the operators' gate: plain torch ops on the scales alone (no
-    # index tensor created beside them), so fake, meta and subclass tensors (DTensor) take them as they are.
-    if torch.compiler.is_compiling():
+    if _compiling():
         return torch.ops.swiglu_ops.to_blocked(scales)
     _check_scales("scales", scales, rank=2)
     return _to_blocked(scales.view(torch.uint8)).view(scales.dtype)
@@ -206,7 +216,7 @@ def mxscale2_to_plain(mxscale2: torch.Tensor, num_rows: int, group_index=None) -
         num_rows: M.
         group_index: the cumulative row ends that produced ``mxscale2`` (None: one group of M rows).
     """
-    if V.via_custom_op(dict(mxscale2=mxscale2, group_index=group_index)):
+    if _via_op(mxscale2=mxscale2, group_index=group_index):
         return torch.ops.swiglu_ops.mxscale2_to_plain(mxscale2, num_rows, group_index)
     _check_mxscale2(mxscale2, num_rows, group_index)
     slots = _column_slots(mxscale2)
@@ -230,7 +240,7 @@ def mxscale1_to_blocked(mxscale1: torch.Tensor, group_index=None) -> torch.Tenso
     blocked on their own and padded to 128 rows, stacked in group order (empty groups take no rows), in a
     ``[128 * (ceil(M/128) + G - 1), ceil(K/4)*4]`` result whose rows past the last group are zero.
     """
-    if V.via_custom_op(dict(mxscale1=mxscale1, group_index=group_index)):
+    if _via_op(mxscale1=mxscale1, group_index=group_index):
         return torch.ops.swiglu_ops.mxscale1_to_blocked(mxscale1, group_index)
     plain = mxscale1_to_plain(mxscale1).view(torch.uint8)
     if group_index is None:
@@ -258,7 +268,7 @@ def mxscale2_to_blocked(mxscale2: torch.Tensor, num_rows: int, group_index=None)
     group after another in memory, in a ``[ceil(C/128)*128, 4 * (ceil(M/128) + G - 1)]`` result (zeros after
     the last group; empty groups take no tiles).
     """
-    if V.via_custom_op(dict(mxscale2=mxscale2, group_index=group_index)):
+    if _via_op(mxscale2=mxscale2, group_index=group_index):
         return torch.ops.swiglu_ops.mxscale2_to_blocked(mxscale2, num_rows, group_index)
     _check_mxscale2(mxscale2, num_rows, group_index)
     slots = _column_slots(mxscale2)
