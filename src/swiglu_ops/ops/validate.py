@@ -5,7 +5,7 @@ dtype, a ``ValueError`` for a wrong value or shape, never a crash or a silently 
 table (:mod:`.table`) names, per operator, which of these rules its arguments follow; the public functions
 (:mod:`.api`) and the custom ops' fake kernels (:mod:`.custom_ops`) run them through the table.
 
-**The gate** (:func:`via_custom_op`, :func:`kernel_ready`): only plain dense tensors with storage reach a
+**The gate** (:func:`needs_dispatch`, :func:`kernel_ready`): only plain dense tensors with storage reach a
 backend's kernel. A fake tensor (``FakeTensorMode``, ``torch.compile``), a meta tensor, a tensor subclass
 (DTensor, torch's ``TwoTensor``, any wrapper subclass) goes through the registered custom op instead, where
 torch dispatches it (fake kernels, DTensor rules, the subclass's own ``__torch_dispatch__``); an ``out=`` that
