@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -717,6 +718,23 @@ def test_benchmark_reports_a_failing_compiled_baseline_instead_of_aborting(monke
     assert "compiled reference failed for swiglu_bwd_mx_quant 64x256 bfloat16 G=2" in bench.format_table(
         [result]
     )
+
+
+def test_benchmark_times_every_call_after_an_untimed_cache_eviction():
+    """Full runs clear the last-level cache before every timed call (the copy's and the op's), so that no
+    call finds its buffers where the call before it left them; the eviction itself is not timed."""
+    from swiglu_ops import bench
+
+    log = []
+    times = bench._time_in_turns_ms(
+        [lambda: log.append("a"), lambda: log.append("b")],
+        3,
+        evict=lambda: (log.append("evict"), time.sleep(0.05)),
+    )
+    assert log == ["a", "b"] + ["evict", "a", "evict", "b"] * 3  # the warm-up calls, then every timed call
+    assert all(t < 40 for t in times)  # the 50 ms evictions are outside the timings
+    llc = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0
+    assert bench.cache_evict_bytes() == (min(2 * llc, 2 << 30) if llc > 0 else 256 << 20)
 
 
 # ------------------------------------------------------------------------------------ output cache

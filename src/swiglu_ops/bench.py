@@ -19,7 +19,12 @@ For every case, in one run on the same machine:
 
 Times are medians over repeats. The copy and the op (as called and with ``out=``) are timed in turns, one
 call of each per round, so that the ratio sees the same moments of a shared, noisy host: timed one after the
-other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Writes
+other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Every timed
+call (the copy's too) starts with a cold last-level cache: a buffer of twice its size is written before it
+(not timed; not with ``--quick``). Without that, a call found part of its inputs where the call before it
+had left them, depending on the order of the turns and on the host's other tenants (480 MiB of L3 on the
+Intel host: the MX backward took 9.0 ms right after a call on the same inputs, 11.4 after the copy, and the
+copy of the forward's bytes 2.6-4.5 ms from run to run); all of them then read and write memory. Writes
 ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call latency of each operator in a fresh
 interpreter) and ``bench_cpu.png`` (% of copy roofline and time over sizes) into ``--out``.
 """
@@ -117,13 +122,16 @@ def _time_ms(fn, repeats: int) -> float:
     return _time_in_turns_ms([fn], repeats)[0]
 
 
-def _time_in_turns_ms(fns, repeats: int) -> list[float]:
-    """The median time of each of ``fns``, timed in turns: one call of each per round, ``repeats`` rounds."""
+def _time_in_turns_ms(fns, repeats: int, evict=None) -> list[float]:
+    """The median time of each of ``fns``, timed in turns: one call of each per round, ``repeats`` rounds;
+    ``evict`` (untimed) before each call."""
     for fn in fns:
         fn()  # warm-up: JIT compilation, caches, first-touch of reused buffers
     times = [[] for _ in fns]
     for _ in range(repeats):
         for fn, record in zip(fns, times, strict=True):
+            if evict is not None:
+                evict()
             t0 = time.perf_counter()
             fn()
             record.append(time.perf_counter() - t0)
@@ -238,7 +246,21 @@ def _isa(name: str):
     return cpu.instruction_set(name)
 
 
-def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Generator) -> Result:
+def cache_evict_bytes() -> int:
+    """Twice the last-level cache (sysconf), 2 GiB at most; 256 MiB where the C library does not say."""
+    llc = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0
+    return min(2 * llc, 2 << 30) if llc > 0 else 256 << 20
+
+
+def cache_evictor():
+    """A function that clears the last-level cache of everything else: it writes cache_evict_bytes()."""
+    buf = torch.empty(cache_evict_bytes(), dtype=torch.uint8)
+    return lambda: buf.fill_(1)
+
+
+def run_case(
+    case: Case, *, repeats: int, compile_reference: bool, gen: torch.Generator, evict=None
+) -> Result:
     from .backends import cpu
 
     args, kwargs, kernel_args, outs, nbytes = _prepare(case, gen)
@@ -256,7 +278,7 @@ def run_case(case: Case, *, repeats: int, compile_reference: bool, gen: torch.Ge
         if case.weighted:  # the unweighted call in the same turns: the weight's cost, same minute of the host
             plain = {k: v for k, v in kwargs.items() if k != "weight"}
             calls.append(lambda: _call(case.op, args, plain, "cpu"))
-        copy_ms, fused_ms, fused_out_ms, *unweighted = _time_in_turns_ms(calls, repeats)
+        copy_ms, fused_ms, fused_out_ms, *unweighted = _time_in_turns_ms(calls, repeats, evict)
     eager_ms = compiled_ms = None
     compiled_error = ""
     if case.baselines:
@@ -421,8 +443,8 @@ def format_table(results: list[Result]) -> str:
             f"{_fmt(r.speedup_vs_compiled, '>6.1f', 'x')} {_fmt(r.speedup_vs_eager, '>6.1f', 'x')}"
         )
     lines.append(
-        "times in ms (median); %roof = copy time / op time; x comp / x eager = speedup of the "
-        "fused op as called; isa = the C kernels' instruction set"
+        "times in ms (median; but for --quick, every call on a cold last-level cache); %roof = copy time / "
+        "op time; x comp / x eager = speedup of the fused op as called; isa = the C kernels' instruction set"
         + (" (AVX-512 activation tables read by gather)" if _cpu_gathers() else "")
     )
     for r in results:
@@ -544,9 +566,12 @@ def main(argv=None) -> int:
     if args.only:
         cases = [c for c in cases if c.label in args.only]
     compile_reference = compile_reference and not args.sweep
+    evict = None if args.quick else cache_evictor()
     for i, case in enumerate(cases, 1):
         _progress(f"[{i}/{len(cases)}] {case.name}")
-        results.append(run_case(case, repeats=repeats, compile_reference=compile_reference, gen=gen))
+        results.append(
+            run_case(case, repeats=repeats, compile_reference=compile_reference, gen=gen, evict=evict)
+        )
     latency = None if (args.quick or args.no_latency or args.sweep) else first_call_latency()
     table = format_table(results)
     print(table)
@@ -577,6 +602,7 @@ def main(argv=None) -> int:
         "table_gather": _cpu_gathers(),  # AVX-512 tables read by vgatherdps (SWIGLU_OPS_CPU_GATHER)
         "quick": args.quick,
         "repeats": repeats,
+        "cold_cache": not args.quick,  # each timed call after writing twice the last-level cache
     }
     (args.out / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "results": rows, "first_call_latency": latency}, indent=2)
