@@ -329,7 +329,7 @@ INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t 
    time by fp8x32_code2, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
    the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
    one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte); ``special``: some of these
-   blocks or columns is NaN/inf; ``rare``: the forward's FP8 codes (fp8x32_code2). If the run holds a
+   blocks or columns is NaN/inf; ``rare``: fp8x32_code2's (FP8 codes). If the run holds a
    subnormal source (fp8x32_code2 does not encode those), both rows of each 32 values that hold one are
    encoded again by the per-element encoders (fp16 gradients hold them often: half the runs at M=8192,
    2H=4096, 1 in 20 of the 32-value steps). */
@@ -363,7 +363,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
     const swiglu_mx_args *a = job->a;
     const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
     const int x32 = dt != SWIGLU_FP32 && (!fp4 || f.round_mode == SWIGLU_ROUND_RINT);
-    const int rare = !a->backward && !fp4; /* few subnormal results (fp8x32_code2) */
+    const int rare = !fp4; /* FP8: the branch on subnormal results (fp8x32_code2) */
     const fp8x32_format c = fp8x32_of(&f, dt == SWIGLU_FP32 ? SWIGLU_BF16 : dt);
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2, W = job->width;
     const int64_t s1_stride = 2 * ((W + 63) / 64), y_stride = fp4 ? W / 2 : W;
