@@ -19,13 +19,15 @@ For every case, in one run on the same machine:
 
 Times are medians over repeats. The copy and the op (as called and with ``out=``) are timed in turns, one
 call of each per round, so that the ratio sees the same moments of a shared, noisy host: timed one after the
-other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Every timed
-call (the copy's too) starts with a cold last-level cache: a buffer of twice its size is written before it
-(not timed; not with ``--quick``). Without that, a call found part of its inputs where the call before it
-had left them, depending on the order of the turns and on the host's other tenants (480 MiB of L3 on the
-Intel host: the MX backward took 9.0 ms right after a call on the same inputs, 11.4 after the copy, and the
-copy of the forward's bytes 2.6-4.5 ms from run to run); all of them then read and write memory. Writes
-``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call latency of each operator in a fresh
+other, a slow minute that fell on one of them alone moved a percentage by 20 points between runs. Every
+timed call (the copy's and the baselines' too) starts with a cold last-level cache: a buffer of twice its
+size is written before it (not timed; not with ``--quick``). Without that, a call found part of its inputs
+where the call before it had left them, depending on the order of the turns and on the host's other tenants
+(480 MiB of L3 on the Intel host: the MX backward took 9.0 ms right after a call on the same inputs, 11.4
+after the copy, and the copy of the forward's bytes 2.6-4.5 ms from run to run); all of them now read and
+write memory.
+
+Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call latency of each operator in a fresh
 interpreter) and ``bench_cpu.png`` (% of copy roofline and time over sizes) into ``--out``.
 """
 
@@ -118,8 +120,8 @@ def _progress(msg: str) -> None:
     print(f"  .. {msg}", file=sys.stderr, flush=True)
 
 
-def _time_ms(fn, repeats: int) -> float:
-    return _time_in_turns_ms([fn], repeats)[0]
+def _time_ms(fn, repeats: int, evict=None) -> float:
+    return _time_in_turns_ms([fn], repeats, evict)[0]
 
 
 def _time_in_turns_ms(fns, repeats: int, evict=None) -> list[float]:
@@ -284,12 +286,12 @@ def run_case(
     if case.baselines:
         slow_repeats = max(1, repeats // 3)
         _progress(f"{case.name}: reference eager")
-        eager_ms = _time_ms(lambda: _call(case.op, args, kwargs, "reference"), slow_repeats)
+        eager_ms = _time_ms(lambda: _call(case.op, args, kwargs, "reference"), slow_repeats, evict)
         if compile_reference:
             _progress(f"{case.name}: reference under torch.compile (compiling...)")
             fn = _compiled_reference(case.op)
             try:
-                compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats)
+                compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats, evict)
             except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
                 compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
                 _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
