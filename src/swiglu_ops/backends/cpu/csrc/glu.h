@@ -235,7 +235,7 @@ typedef struct {
    10.3 -> 10.0 ms, AVX2 9.8 -> 9.4; the clipped operators unchanged).
    ``xn``, ``dyn``, ``yon``, ``on``: the next row's x, dy (NULL: none), y_origin (NULL: none) and output
    (``fwd``: clipped_swiglu's, one element per pair). */
-INLINE void glu_prefetch(const char *xn, const char *dyn, const char *yon, char *on, int64_t half, int64_t p,
+INLINE void glu_prefetch(const char *xn, const char *dyn, const char *yon, const char *on, int64_t half, int64_t p,
                          const int inter, const int dt, const int fwd) {
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2;
     if (inter) {
@@ -307,7 +307,7 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
         const char *yon = op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0
                               ? (const char *)a->y_origin + rn * half * es
                               : NULL;
-        char *outn = (char *)a->out + rn * (op == SWIGLU_OP_CLIPPED_FWD ? half : a->cols) * es;
+        const char *outn = (const char *)a->out + rn * (op == SWIGLU_OP_CLIPPED_FWD ? half : a->cols) * es;
         const int64_t steps = es == 2 ? 2 : 1; /* steps of 16 pairs per prefetch */
         int64_t p = p0;
         for (; p + 16 * steps <= p1; p += 16 * steps) {
@@ -387,7 +387,8 @@ static int FN(glu_run_impl)(const swiglu_glu_args *a, int n_threads) {
     /* act2 is read by the clamp_mode-1 backward only (glu_bwd): its table is fetched for that one */
     const int reads_act2 = a->op == SWIGLU_OP_CLIPPED_BWD && a->glu.clipped && a->glu.clamp_mode == 1;
     float *own1, *own2 = NULL;
-    const int ok = act_with_table(&job.act, a->dtype, &own1) && (!reads_act2 || act_with_table(&job.act2, a->dtype, &own2));
+    const int ok = act_with_table(&job.act, a->dtype, &own1) &&
+                   (!reads_act2 || act_with_table(&job.act2, a->dtype, &own2));
     /* Whole rows per task when there are enough row tiles to share; else rows cut into chunks of pairs
        (a multiple of 1024), so that a few long rows still use every thread. */
     const int64_t half = a->cols / 2, tiles = (a->rows + GLU_ROWS_PER_TASK - 1) / GLU_ROWS_PER_TASK;

@@ -418,17 +418,17 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
             vf recip;
             const vu codes = scale_codes(&f, amax_f32(amax, dt), &recip);
             u_store8(s1 + k0, codes, m_lanes(nb));
+            const int64_t at = fp4 ? col / 2 : col, bytes = fp4 ? n / 2 : n; /* these codes' first byte, bytes */
             if (i + 1 < blk->nrows && !a->transpose_y2) /* the next row's lines of these codes, for writing */
-                for (int64_t o = 0; o < (fp4 ? n / 2 : n); o += 64) {
-                    __builtin_prefetch(y1 + y_stride + (fp4 ? col / 2 : col) + o, 1, 3);
-                    __builtin_prefetch(y2 + y_stride + (fp4 ? col / 2 : col) + o, 1, 3);
+                for (int64_t o = 0; o < bytes; o += 64) {
+                    __builtin_prefetch(y1 + y_stride + at + o, 1, 3);
+                    __builtin_prefetch(y2 + y_stride + at + o, 1, 3);
                 }
             if (x32) {
                 _Alignas(64) uint16_t off1[16], keep1[16];
                 vu keeps;
                 u_store16(off1, fp8x32_block(&c, codes, &keeps), m_all());
                 u_store16(keep1, keeps, m_all());
-                const int64_t at = fp4 ? col / 2 : col; /* the block's first code byte */
                 const int special = m_any(m_or(col_special, m_and(m_lanes(nb), u_eq(codes, u_set(0xFF)))));
                 store_codes_x32(y1 + at, y2 + at, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
                                 col_keep + col, col_recip + col, n, &c, &f, dt, fp4, special, rare);

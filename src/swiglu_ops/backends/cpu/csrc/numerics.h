@@ -400,9 +400,10 @@ INLINE void fp8x32_e2m1_lut(const fp8x32_format *c, const fp8x32_values *p, vw o
    on the Intel host (cold caches, three alternating runs): backward 11.5 -> 11.0 ms, AVX2 16.7 -> 15.5;
    forward 6.8 -> 6.3 ms. (On the Zen 4 machine, before the code lines were prefetched for writing, the
    branch's mispredictions cost the backward more than the 20 operations: 13.9 -> 15.3 ms; the exhaustive
-   check of swiglu_fp8_x32_check runs both forms.) E2M1 (``fp4``, a constant of the caller, and one mantissa bit: half of a typical block is
-   subnormal) has its own, cheaper forms: the whole code by table where the SIMD layer has one
-   (fp8x32_e2m1_lut), else its subnormal results by compares (fp8x32_subnormal_e2m1). */
+   check of swiglu_fp8_x32_check runs both forms.) E2M1 (``fp4``, a constant of the caller, and one
+   mantissa bit: half of a typical block is subnormal) has its own, cheaper forms: the whole code by table
+   where the SIMD layer has one (fp8x32_e2m1_lut), else its subnormal results by compares
+   (fp8x32_subnormal_e2m1). */
 INLINE void fp8x32_code2(const fp8x32_format *c, const fp8x32_values *p, vw off1, vw off2, vw *c1, vw *c2,
                          const int fp4, int rare) {
 #if SIMD_LUT64

@@ -475,9 +475,10 @@ INLINE vw w_sra(vw a, int n) { /* signed */
     return (vw){_mm256_sra_epi16(a.lo, c), _mm256_sra_epi16(a.hi, c)};
 }
 /* simd_shared.h's w_rne_shrv without variable shifts (AVX2 has none for 16-bit lanes: emulated on 32-bit
-   ones, each took 8 operations), so this layer has no w_shrv / w_shlv: x * 2**(16 - s) in 32 bits by vpmullw / vpmulhuw, whose high half is x >> s and low half the
-   bits shifted out, in units of 2**-16; it rounds up when those exceed half (0x8000), or equal it and the high
-   half is odd. 2**(16 - s) comes from two byte tables by vpshufb (a byte index with bit 7 set gives 0). */
+   ones, each took 8 operations), so this layer has no w_shrv / w_shlv: x * 2**(16 - s) in 32 bits by
+   vpmullw / vpmulhuw, whose high half is x >> s and low half the bits shifted out, in units of 2**-16; it
+   rounds up when those exceed half (0x8000), or equal it and the high half is odd. 2**(16 - s) comes from
+   two byte tables by vpshufb (a byte index with bit 7 set gives 0). */
 #define SIMD_RNE_SHRV 1
 INLINE __m256i rne_shrv16(__m256i x, __m256i s) {
     const __m256i lo_bytes = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16,
