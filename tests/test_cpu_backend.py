@@ -720,6 +720,35 @@ def test_benchmark_reports_a_failing_compiled_baseline_instead_of_aborting(monke
     )
 
 
+def test_benchmark_counts_the_page_faults_of_the_compiled_baseline(monkeypatch):
+    """A baseline that writes 64 MiB of fresh memory per call faults on every call (a compiled reference
+    did, depending on the process); the row records how many and the table says so; a call into reused
+    memory faults little."""
+    import mmap
+
+    from swiglu_ops import bench
+
+    def fresh_temporary(*args):
+        buf = mmap.mmap(-1, 64 << 20)  # anonymous, never touched: every page faults on its first write
+        for off in range(0, 64 << 20, 4096):
+            buf[off] = 1
+        buf.close()
+
+    kept = bytearray(64 << 20)
+    assert bench.faults_per_call(fresh_temporary) >= 32  # at least one per 2 MiB, also with huge pages
+    assert (
+        bench.faults_per_call(lambda: kept.__setitem__(slice(0, 64 << 20, 4096), b"\x02" * (16 << 10))) < 32
+    )
+    monkeypatch.setattr(bench, "_compiled_reference", lambda op: fresh_temporary)
+    monkeypatch.setattr(bench, "FAULTS_NOTED", 32)
+    case = bench.Case("clipped_swiglu", 64, 256, torch.bfloat16)
+    result = bench.run_case(case, repeats=1, compile_reference=True, gen=torch.Generator().manual_seed(0))
+    assert result.compiled_ms > 0 and result.compiled_faults >= 32
+    assert f"compiled reference of clipped_swiglu 64x256 bfloat16: {result.compiled_faults} page faults" in (
+        bench.format_table([result])
+    )
+
+
 def test_benchmark_times_every_call_after_an_untimed_cache_eviction():
     """Full runs clear the last-level cache before every timed call (the copy's and the op's), so that no
     call finds its buffers where the call before it left them; the eviction itself is not timed."""

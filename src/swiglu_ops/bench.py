@@ -16,6 +16,10 @@ For every case, in one run on the same machine:
   ``torch.compile`` (graph breaks allowed: its group loop is Python), for the cases marked as baselines.
   For swiglu_group_grad, grad_weight is a plain ``torch.sum`` there instead of the reference's NumPy-order
   pairwise sum, which Inductor cannot compile in reasonable time (that only makes the baseline faster).
+  ``compiled_faults`` counts the page faults of one compiled call: Inductor's code for swiglu_group_grad
+  writes a 64 MiB temporary at M=8192, 2H=4096 that glibc maps afresh on every call in some processes and
+  reuses in others (45 against 27 ms; 16,385 faults per call in the slow mode), and the table says when a
+  row's baseline paid for fresh memory.
 
 Times are medians over repeats. The copy and the op (as called and with ``out=``) are timed in turns, one
 call of each per round, so that the ratio sees the same moments of a shared, noisy host: timed one after the
@@ -104,6 +108,8 @@ class Result:
     #: weighted cases: the same call without weight, timed in the same turns
     unweighted_ms: float | None = None
     threads: int = 0
+    #: minor page faults in one call of the compiled reference (fresh temporaries fault page by page)
+    compiled_faults: int | None = None
     pct_roofline: float = field(init=False)
     pct_roofline_out: float = field(init=False)
     speedup_vs_compiled: float | None = field(init=False)
@@ -118,6 +124,10 @@ class Result:
 
 def _progress(msg: str) -> None:
     print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+
+#: page faults per call of the compiled reference from which the table says so (4 MiB of 4 KiB pages)
+FAULTS_NOTED = 1024
 
 
 def _time_ms(fn, repeats: int, evict=None) -> float:
@@ -138,6 +148,18 @@ def _time_in_turns_ms(fns, repeats: int, evict=None) -> list[float]:
             fn()
             record.append(time.perf_counter() - t0)
     return [1e3 * statistics.median(t) for t in times]
+
+
+def faults_per_call(fn) -> int:
+    """The minor page faults of one call of ``fn`` (this process's, from getrusage): each page of fresh
+    memory that a call writes faults once, so a call that maps its temporaries afresh pays for that on every
+    call, at the allocator's whim (glibc maps large blocks afresh or reuses them, by the process's
+    history)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
 def _uneven_counts(rows: int, groups: int, gen: torch.Generator) -> torch.Tensor:
@@ -281,7 +303,7 @@ def run_case(
             plain = {k: v for k, v in kwargs.items() if k != "weight"}
             calls.append(lambda: _call(case.op, args, plain, "cpu"))
         copy_ms, fused_ms, fused_out_ms, *unweighted = _time_in_turns_ms(calls, repeats, evict)
-    eager_ms = compiled_ms = None
+    eager_ms = compiled_ms = compiled_faults = None
     compiled_error = ""
     if case.baselines:
         slow_repeats = max(1, repeats // 3)
@@ -292,6 +314,7 @@ def run_case(
             fn = _compiled_reference(case.op)
             try:
                 compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats, evict)
+                compiled_faults = faults_per_call(lambda: fn(*kernel_args))
             except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
                 compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
                 _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
@@ -313,6 +336,7 @@ def run_case(
         compiled_error,
         unweighted[0] if unweighted else None,
         case.threads or saved_threads,
+        compiled_faults,
     )
 
 
@@ -452,6 +476,11 @@ def format_table(results: list[Result]) -> str:
     for r in results:
         if r.compiled_error:
             lines.append(f"compiled reference failed for {_case_name(r)}: {r.compiled_error}")
+        if r.compiled_faults is not None and r.compiled_faults >= FAULTS_NOTED:
+            lines.append(
+                f"compiled reference of {_case_name(r)}: {r.compiled_faults} page faults per call "
+                "(temporaries in fresh memory; without them it runs faster, and x comp is smaller)"
+            )
         if r.unweighted_ms is not None:
             lines.append(
                 f"{_case_name(r)} weighted: {r.fused_ms:.2f} ms vs {r.unweighted_ms:.2f} ms unweighted, in "
