@@ -108,7 +108,7 @@ def _stage1(per_pair: int) -> tuple[CLoop, ...]:
 def _quantise(fp8: bool) -> tuple[CLoop, ...]:
     rows = (
         CLoop("codes", "codes_run", r"for \(; j \+ 32 <= n; j \+= 32\)", MX_BLOCK, 1,
-              via=("store_codes_x32", r": codes_run\(.*, 0, rare\)"),
+              via=("store_codes_x32", r": codes_run\(.*, fp4, 0\)"),
               what="both axes' codes of 32 values (fp8x32_code2), no NaN/inf block"),
         CLoop("col_scales", "mx_quantise", r"for \(int64_t j = 0; j < width; j \+= 16\)", 16, MX_BLOCK,
               what="-2 axis: E8M0 codes, multipliers and offsets of 16 columns (x 32 rows)"),

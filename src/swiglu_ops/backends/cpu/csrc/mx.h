@@ -288,14 +288,13 @@ INLINE void store_codes(uint8_t *y, int64_t col, vf v, vf m, const mx_format *f,
 
 /* 32 values from ``v + j`` (``m``: those that exist): both code rows (FP8: a byte each; FP4: two per byte),
    y1 with their row block's ``off1``, y2 with their columns' ``off2``; ``special`` (a constant): some block
-   is NaN/inf, its lanes' ``keep1``/``keep2`` 0 (codes 0x00); ``rare``: fp8x32_code2's. Returns ``acc``
-   updated by fp8x32_track. */
+   is NaN/inf, its lanes' ``keep1``/``keep2`` 0 (codes 0x00). FP8 codes take fp8x32_code2's branch on
+   subnormal results (``rare``), FP4 codes its forms without it. Returns ``acc`` updated by fp8x32_track. */
 INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw off1, vw keep1, const uint16_t *off2,
-                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4, const int special,
-                    int rare) {
+                    const uint16_t *keep2, vw acc, const fp8x32_format *c, vwm m, const int fp4, const int special) {
     const fp8x32_values p = fp8x32_prepare(c, w_load(v + j, m));
     vw c1, c2;
-    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2, fp4, rare);
+    fp8x32_code2(c, &p, off1, w_load(off2 + j, m), &c1, &c2, fp4, !fp4);
     if (special) {
         c1 = w_and(c1, keep1);
         c2 = w_and(c2, w_load(keep2 + j, m));
@@ -313,15 +312,15 @@ INLINE vw codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, int64_t j, vw o
 /* The codes_x32 steps over ``n`` <= 512 values, full vectors first (plain loads and stores). */
 INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
                     const uint16_t *off2, const uint16_t *keep2, int64_t n, const fp8x32_format *c, const int fp4,
-                    const int special, int rare) {
+                    const int special) {
     vw acc = w_set(0xFFFF);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32)
         acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(32),
-                        fp4, special, rare);
+                        fp4, special);
     if (j < n)
         acc = codes_x32(y1, y2, v, j, w_set(off1[j / 32]), w_set(keep1[j / 32]), off2, keep2, acc, c, w_lanes(n - j),
-                        fp4, special, rare);
+                        fp4, special);
     return acc;
 }
 
@@ -329,16 +328,14 @@ INLINE vw codes_run(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t 
    time by fp8x32_code2, the rounding shared: y1 with the row's block scales (``off1``/``keep1``: entry k for
    the values 32k..32k+31, ``r1`` their multipliers), y2 with the column scales (``off2``/``keep2``/``r2``:
    one per value); ``y1``/``y2`` point at the run's first code (FP4: its byte); ``special``: some of these
-   blocks or columns is NaN/inf; ``rare``: fp8x32_code2's (FP8 codes). If the run holds a
-   subnormal source (fp8x32_code2 does not encode those), both rows of each 32 values that hold one are
-   encoded again by the per-element encoders (fp16 gradients hold them often: half the runs at M=8192,
-   2H=4096, 1 in 20 of the 32-value steps). */
+   blocks or columns is NaN/inf. If the run holds a subnormal source (fp8x32_code2 does not encode those),
+   both rows of each 32 values that hold one are encoded again by the per-element encoders (fp16 gradients
+   hold them often: half the runs at M=8192, 2H=4096, 1 in 20 of the 32-value steps). */
 INLINE void store_codes_x32(uint8_t *y1, uint8_t *y2, const uint16_t *v, const uint16_t *off1, const uint16_t *keep1,
                             vf r1, const uint16_t *off2, const uint16_t *keep2, const float *r2, int64_t n,
-                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4, int special,
-                            int rare) {
-    const vw acc = special ? codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 1, rare)
-                           : codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 0, rare);
+                            const fp8x32_format *c, const mx_format *f, const int dt, const int fp4, int special) {
+    const vw acc = special ? codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 1)
+                           : codes_run(y1, y2, v, off1, keep1, off2, keep2, n, c, fp4, 0);
     if (__builtin_expect(!fp8x32_subnormal_sources(c, acc), 1)) return;
     float r[16];
     v_storef(r, r1, m_all());
@@ -363,7 +360,6 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
     const swiglu_mx_args *a = job->a;
     const mx_format f = job->fmt; /* a local copy: the byte stores below could alias the job */
     const int x32 = dt != SWIGLU_FP32 && (!fp4 || f.round_mode == SWIGLU_ROUND_RINT);
-    const int rare = !fp4; /* FP8: the branch on subnormal results (fp8x32_code2) */
     const fp8x32_format c = fp8x32_of(&f, dt == SWIGLU_FP32 ? SWIGLU_BF16 : dt);
     const int64_t es = dt == SWIGLU_FP32 ? 4 : 2, W = job->width;
     const int64_t s1_stride = 2 * ((W + 63) / 64), y_stride = fp4 ? W / 2 : W;
@@ -431,7 +427,7 @@ INLINE void mx_quantise(const mx_job *job, const mx_block *blk, const mx_work *w
                 u_store16(keep1, keeps, m_all());
                 const int special = m_any(m_or(col_special, m_and(m_lanes(nb), u_eq(codes, u_set(0xFF)))));
                 store_codes_x32(y1 + at, y2 + at, (const uint16_t *)v + col, off1, keep1, recip, col_off + col,
-                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4, special, rare);
+                                col_keep + col, col_recip + col, n, &c, &f, dt, fp4, special);
                 continue;
             }
             float r[16];
