@@ -69,3 +69,59 @@ def test_mx_quant_is_deterministic(backend, group_index):
                 again = swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, group_index, backend=backend)
                 for a, e, name in zip(again, first, MX_NAMES, strict=True):
                     assert_bitwise_equal(a, e, f"{name}, {n_threads} threads")
+
+
+# --------------------------------------------------------------- the reference's floating-point environment
+
+_X86 = __import__("platform").machine() in ("x86_64", "AMD64")
+
+
+def _ftz_cases():
+    """Calls whose inputs or results hold fp32 subnormals (inputs made here, before any flushing)."""
+    gen = torch.Generator().manual_seed(11)
+    tiny = torch.randn(64, 128, generator=gen) * 2.0**-126  # fp32 subnormals and small normals
+    big = torch.randn(64, 128, generator=gen)
+    sub_bf16 = (torch.randn(64, 128, generator=gen) * 1e-19).bfloat16()  # stage-1 values near 2**-126
+    return {
+        "clipped_swiglu": lambda: (swiglu_ops.clipped_swiglu(tiny, backend="reference"),),
+        "swiglu_group_grad": lambda: swiglu_ops.swiglu_group_grad(tiny[:, :64], big, backend="reference"),
+        "swiglu_mx_quant_dual_axis": lambda: swiglu_ops.swiglu_mx_quant_dual_axis(
+            sub_bf16, backend="reference"
+        ),
+        "swiglu_backward_mx_quant_dual_axis": lambda: swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+            sub_bf16, sub_bf16[:, :64], backend="reference"
+        ),
+    }
+
+
+@pytest.mark.skipif(not _X86, reason="torch.set_flush_denormal sets the x86 MXCSR")
+@pytest.mark.parametrize("name", sorted(_ftz_cases()))
+def test_reference_keeps_subnormals_whatever_the_caller_flushes(name):
+    """The oracle computes the contract (subnormals kept) under a caller's ``torch.set_flush_denormal(True)``,
+    as the cpu backend does, and hands the setting back: it used to flush on the calling thread's share."""
+    run = _ftz_cases()[name]  # the inputs are made before the flushing starts
+    plain = [t for t in run() if t is not None]
+    assert torch.set_flush_denormal(True)
+    try:
+        flushed = [t for t in run() if t is not None]
+        still_flushing = bool((torch.tensor([2.0**-126]) * 0.5 == 0).item())
+    finally:
+        torch.set_flush_denormal(False)
+    assert still_flushing, "the caller's flush-to-zero setting was not restored"
+    for i, (a, b) in enumerate(zip(flushed, plain, strict=True)):
+        assert_bitwise_equal(a, b, f"{name} output {i}")
+
+
+def test_reference_settles_mkl_vector_math_on_one_thread_first(monkeypatch):
+    """MKL picks its vector-math kernels at a process's first call, racily when two threads enter together
+    (docs/cpu_backend.md, "Floating-point environment"): the reference backend's first call makes one
+    exp of 16 elements (one thread) before any of its own, and only the first call."""
+    from swiglu_ops.backends import reference
+
+    monkeypatch.setattr(reference, "_VML_SETTLED", False)
+    sizes, real_exp = [], torch.exp
+    monkeypatch.setattr(torch, "exp", lambda t, *a, **k: sizes.append(t.numel()) or real_exp(t, *a, **k))
+    x = torch.randn(40, 256)
+    for _ in range(2):
+        swiglu_ops.clipped_swiglu_grad(torch.randn(40, 128), x, backend="reference")
+    assert sizes[0] == 16 and sizes.count(16) == 1 and len(sizes) >= 3, sizes
