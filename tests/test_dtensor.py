@@ -376,7 +376,89 @@ def _worker(rank: int, world_size: int) -> dict:
                 why = f"{type(e).__name__}: {e}"
             if why is not None:
                 failures[(case[0], backend)] = why
+    for name, check in EXTRA_CHECKS.items():
+        try:
+            why = check(meshes[0])
+        except Exception as e:  # noqa: BLE001 - reported per check
+            why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            failures[(name, "extra")] = why
     return dict(failures=failures, module=swiglu_ops.__file__)
+
+
+def _outputs_do_not_require_grad(mesh) -> str | None:
+    """The operators are not differentiable: DTensor inputs that require grad give outputs that do not, as
+    plain ones do (they used to come out requiring grad, and a backward through them then failed)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import swiglu_ops
+
+    gen = torch.Generator().manual_seed(3)
+    x = distribute_tensor(_randn(gen, M, C, scale=3.0), mesh, [Shard(0)]).requires_grad_()
+    dy = distribute_tensor(_randn(gen, M, C // 2), mesh, [Shard(0)])
+    outs = [
+        *swiglu_ops.swiglu_mx_quant_dual_axis(x, backend="cpu"),
+        swiglu_ops.clipped_swiglu_grad(dy, x, backend="cpu"),  # (clipped_swiglu itself is differentiable)
+        *swiglu_ops.swiglu_group_grad(dy, x, backend="cpu"),
+    ]
+    grads = [i for i, t in enumerate(outs) if t is not None and t.requires_grad]
+    return f"outputs {grads} require grad" if grads else None
+
+
+def _clamped_swiglu_with_groups(mesh) -> str | None:
+    """training.clamped_swiglu (autograd over swiglu_group_grad) with a DTensor x and DTensor group counts:
+    forward and both gradients bit for bit the single-process ones; plain counts beside a DTensor x are a
+    TypeError naming group_index (as at the operators' gate: their placement is unknown)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import swiglu_ops
+
+    gen = torch.Generator().manual_seed(4)
+    x, dy = _randn(gen, 40, 64, scale=3.0), _randn(gen, 40, 32)
+    w, counts = torch.rand(40, generator=gen), torch.tensor([9, 20])
+
+    def run(x, w, dy, counts):
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = swiglu_ops.clamped_swiglu(x, w, counts, 7.0, backend="cpu")
+        y.backward(dy)
+        return y, x.grad, w.grad
+
+    want = run(x, w, dy, counts)
+    for xp in (Replicate(), Shard(0)):
+        placed = [distribute_tensor(t, mesh, [xp]) for t in (x, w, dy)]
+        got = run(*placed, distribute_tensor(counts, mesh, [Replicate()]))
+        for name, a, b in zip(("y", "x.grad", "weight.grad"), got, want, strict=True):
+            if not torch.equal(a.full_tensor(), b):
+                return f"x {xp}: {name} differs"
+        try:
+            run(*placed, counts)
+            return f"x {xp}, plain group_index: no TypeError"
+        except TypeError as exc:
+            if "group_index is a plain tensor while x is a DTensor" not in str(exc):
+                return f"x {xp}, plain group_index: {exc}"
+    return None
+
+
+def _expert_mlp_names_a_dtensor(mesh) -> str | None:
+    """mxfp8_expert_mlp computes on local tensors: a DTensor operand is a TypeError naming it."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    import swiglu_ops
+
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    w1, w2 = torch.zeros(2, 64, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    try:
+        swiglu_ops.mxfp8_expert_mlp(distribute_tensor(x, mesh, [Replicate()]), w1, w2, torch.tensor([1, 4]))
+    except TypeError as exc:
+        return None if "x is a DTensor" in str(exc) and "to_local()" in str(exc) else f"message: {exc}"
+    return "no TypeError"
+
+
+EXTRA_CHECKS = {
+    "outputs_do_not_require_grad": _outputs_do_not_require_grad,
+    "clamped_swiglu_with_groups": _clamped_swiglu_with_groups,
+    "expert_mlp_names_a_dtensor": _expert_mlp_names_a_dtensor,
+}
 
 
 @pytest.fixture(scope="module")
@@ -390,6 +472,13 @@ def group_results():
 def test_placement(group_results, case_id, backend):
     for rank, result in enumerate(group_results):
         why = result["failures"].get((case_id, backend))
+        assert why is None, f"rank {rank}: {why}"
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_CHECKS))
+def test_modules_and_autograd_on_dtensors(group_results, name):
+    for rank, result in enumerate(group_results):
+        why = result["failures"].get((name, "extra"))
         assert why is None, f"rank {rank}: {why}"
 
 

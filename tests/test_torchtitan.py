@@ -273,7 +273,35 @@ def _worker(rank, world_size):
             results[recipe, "tp96"] = _step(moe, x_all, gout_all)
         except ValueError as exc:  # raised on every rank before any collective: nothing waits
             results[recipe, "tp96"] = str(exc)
+    results["placements"] = _placement_errors(world_size)
     return results
+
+
+def _placement_errors(world_size):
+    """FusedGroupedExperts with DTensor weights the module cannot compute on, placed by hand: F = 65 split
+    33 + 32 (only rank 0's shard splits an MX block) and F = 63 split 32 + 31 (only rank 1's), and Partial
+    weights. Each must raise on every rank (no rank may go on into a collective the others never reach)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    errors = {}
+    for case, hidden in (("F65", 65), ("F63", 63), ("partial", 64)):
+        experts = FusedGroupedExperts(
+            FusedGroupedExperts.Config(dim=D, hidden_dim=hidden, num_experts=2, recipe="mxfp8", backend="cpu")
+        )
+        for name, dim in (("w1_EFD", 1), ("w3_EFD", 1), ("w2_EDF", 2)):
+            full = torch.zeros(getattr(experts, name).shape)
+            t = DTensor.from_local(full, mesh, [Partial()]) if case == "partial" else (
+                distribute_tensor(full, mesh, [Shard(dim)])
+            )  # fmt: skip
+            setattr(experts, name, torch.nn.Parameter(t))
+        try:
+            experts(torch.zeros(3, D), torch.tensor([1, 2]))
+            errors[case] = None
+        except ValueError as exc:
+            errors[case] = str(exc)
+    return errors
 
 
 @pytest.fixture(scope="module")
@@ -343,5 +371,16 @@ def test_tensor_parallel_block_splitting_shard(distributed):
     for rank, res in enumerate(distributed):
         msg = res["mxfp8", "tp96"]
         assert isinstance(msg, str), "MXFP8 with 48 columns of F per shard must raise"
-        assert "F = 96 sharded into F = 48 per shard" in msg and "multiple of 32" in msg, msg
+        assert "F = 96 sharded into F = [48, 48] per shard" in msg and "multiple of 32" in msg, msg
         _check_tp(res["bf16", "ref96"], res["bf16", "tp96"], rank, 96)  # bf16: padded, still exact per shard
+
+
+@pytest.mark.slow(seconds=30)
+def test_unexecutable_weight_placements_fail_on_every_rank(distributed):
+    """Shards that split an MX block on one rank only, and Partial weights: the same ValueError on both ranks
+    (decided from the global placements; a rank-local check let the other rank run on and wait)."""
+    want = {"F65": "F = [33, 32] per shard", "F63": "F = [32, 31] per shard", "partial": "not Partial"}
+    for rank, res in enumerate(distributed):
+        for case, text in want.items():
+            msg = res["placements"][case]
+            assert msg is not None and text in msg, f"rank {rank}, {case}: {msg}"

@@ -27,7 +27,9 @@ expert dim over the ``ep`` mesh and the token dispatcher hands this module the t
 with their counts; under tensor parallelism w1/w3 are sharded on F and w2 on its F dim, so each rank's SwiGLU
 is exact on its own columns and the down projection gives partial sums that torchtitan reduces. The module
 works on the local shards (``DTensor.to_local()``). An MXFP8 run needs whole 32-element blocks along F on
-every shard (the MX operators need ``2F % 64 == 0``): a TP sharding that splits a block raises ValueError. An
+every shard (the MX operators need ``2F % 64 == 0``): a TP sharding that splits a block on any rank raises
+ValueError on every rank (decided from the weights' global shape and placements, so that no rank is left
+waiting in a collective), and so does a ``Partial`` weight (no whole values to compute on). An
 unsharded F (and, in the bf16 recipe, any F per shard) that is not a multiple of 32 is zero-padded to one,
 which is exact (a zero gate and up give a zero activation; zero rows of w2 add nothing) and for MXFP8 is the
 MX rule of a short last block. D must be a multiple of 8 (as torchtitan's grouped GEMMs need). The token
@@ -67,6 +69,23 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _shard_sizes(t: torch.Tensor, dim: int) -> tuple[int, ...]:
+    """Every rank's local size of ``t``'s dim ``dim``, from a DTensor's global shape and placements (as
+    ``torch.chunk`` splits), so the same on every rank; ``(size,)`` for a plain tensor. A ``Partial``
+    placement holds no whole value to compute on: ValueError."""
+    sizes = [t.shape[dim]]
+    for mesh_dim, placement in enumerate(t.placements if isinstance(t, DTensor) else ()):
+        if placement.is_partial():
+            raise ValueError(
+                f"expert weights must be Replicate or Shard, not Partial ({t.placements}): the fused experts "
+                "compute on each rank's local values"
+            )
+        if placement.is_shard() and placement.dim % t.dim() == dim % t.dim():
+            n = t.device_mesh.size(mesh_dim)
+            sizes = [min(-(-size // n), max(size - i * -(-size // n), 0)) for size in sizes for i in range(n)]
+    return tuple(sizes)
+
+
 def _check_recipe(recipe: str) -> None:
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
@@ -95,21 +114,26 @@ class FusedGroupedExperts(GroupedExperts):
         self.recipe, self.backend, self.gemm = config.recipe, config.backend, config.gemm
 
     def _local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # F per shard from the global shapes and placements, the same on every rank: a sharding that some
+        # rank cannot compute fails on all of them (a rank-local check would leave the others waiting in
+        # the next collective)
+        f_sizes = {_shard_sizes(self.w1_EFD, 1), _shard_sizes(self.w3_EFD, 1), _shard_sizes(self.w2_EDF, 2)}
         w1, w2, w3 = _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
         e, f, d = w1.shape
-        if tuple(w3.shape) != (e, f, d) or tuple(w2.shape) != (e, d, f):
+        if tuple(w3.shape) != (e, f, d) or tuple(w2.shape) != (e, d, f) or len(f_sizes) != 1:
             raise ValueError(
                 f"local expert weights disagree: w1_EFD {tuple(w1.shape)}, w3_EFD {tuple(w3.shape)}, "
-                f"w2_EDF {tuple(w2.shape)} (expected w2_EDF [{e}, {d}, {f}])"
+                f"w2_EDF {tuple(w2.shape)} (expected w2_EDF [{e}, {d}, {f}], F sharded alike)"
             )
-        if f % _MX_BLOCK and self.recipe == "mxfp8" and f != self.hidden_dim:
-            shards = self.hidden_dim / f
+        (sizes,) = f_sizes  # plain tensors of a shard (f != F): only this rank's size is known
+        sharded = len(sizes) > 1 or f != self.hidden_dim
+        if self.recipe == "mxfp8" and sharded and any(size % _MX_BLOCK for size in sizes):
             raise ValueError(
-                f"recipe='mxfp8' with the hidden dimension F = {self.hidden_dim} sharded into F = {f} per "
-                f"shard ({shards:g} shards): {f} is not a multiple of {_MX_BLOCK}, so a shard would split a "
-                f"{_MX_BLOCK}-element MX block (the fused MX operators need 2F per shard = {2 * f} to be a "
-                f"multiple of {2 * _MX_BLOCK}); use a tensor-parallel degree that leaves F per shard a "
-                f"multiple of {_MX_BLOCK}, or recipe='bf16'"
+                f"recipe='mxfp8' with the hidden dimension F = {self.hidden_dim} sharded into F = "
+                f"{list(sizes) if len(sizes) > 1 else f} per shard: a shard that is not a multiple of "
+                f"{_MX_BLOCK} would split a {_MX_BLOCK}-element MX block (the fused MX operators need 2F "
+                f"per shard to be a multiple of {2 * _MX_BLOCK}); use a tensor-parallel degree that leaves "
+                f"F per shard a multiple of {_MX_BLOCK}, or recipe='bf16'"
             )
         return w1, w2, w3
 

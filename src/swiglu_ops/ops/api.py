@@ -65,7 +65,8 @@ def _via_custom_op(op: OpDef, values: dict, backend, out):
             "read through a pointer (fake, meta, a subclass such as DTensor, or a dispatch mode is active); "
             "call it without out="
         )
-    args = {n: V.detached(v) if compiling else v for n, v in _schema_values(op, values).items()}
+    # detached as on the plain path: the operators are not differentiable (no output requires grad)
+    args = {n: V.detached(v) for n, v in _schema_values(op, values).items()}
     outs = _custom_op(op)(**args, backend=backend)
     outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
     if out is not None:  # torch.compile, copyable dtypes: the fresh results copied

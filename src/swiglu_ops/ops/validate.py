@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
 
 import torch
@@ -64,7 +65,29 @@ def needs_dispatch(tensors: dict) -> bool:
         routed = routed or not is_plain(t)
     if routed:
         check_fake_mix(tensors)
+        check_dtensor_mix(tensors)
     return routed
+
+
+def check_dtensor_mix(tensors: dict) -> None:
+    """A DTensor beside a plain tensor argument of more than one element: DTensor cannot know how the plain
+    one is placed (the same values on every rank, or this rank's part?), and answers with a RuntimeError
+    from its dispatcher; here it is a ``TypeError`` naming the argument. One-element plain tensors, and any
+    inside DTensor's ``implicit_replication()``, are taken as replicated, as DTensor takes them."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
+    if dtensor is None:
+        return
+    present = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    distributed = [n for n, t in present.items() if isinstance(t, dtensor.DTensor)]
+    if not distributed or getattr(dtensor.DTensor._op_dispatcher, "_allow_implicit_replication", False):
+        return
+    for name, t in present.items():
+        if not isinstance(t, dtensor.DTensor) and not (t.numel() == 1 and t.dim() <= 1):
+            raise TypeError(
+                f"{name} is a plain tensor while {distributed[0]} is a DTensor: pass {name} as a DTensor "
+                f"too (DTensor.from_local({name}, mesh, [Replicate()]) where every rank holds the same "
+                "values), or every argument as a plain tensor"
+            )
 
 
 def _active_fake_mode():

@@ -20,6 +20,7 @@ trace under ``torch.compile``.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -59,10 +60,23 @@ def _unweighted_forward(x: torch.Tensor, group_index: torch.Tensor | None, clamp
         u = torch.clamp(u, -clamp, clamp)
     y = F.silu(g) * u
     if group_index is not None:
-        rows = math.prod(x.shape[:-1])
-        valid = torch.arange(rows, device=x.device) < V.valid_rows(group_index, rows)
-        y = torch.where(valid.reshape(*x.shape[:-1], 1), y, 0.0)
+        y = torch.where(_row_mask(group_index, x).reshape(*x.shape[:-1], 1), y, 0.0)
     return y
+
+
+def _row_mask(group_index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``row < clamp(sum(group_index), 0, rows)`` over x's flattened rows, as a tensor that combines with
+    x: for a DTensor x a replicated DTensor on x's mesh (a DTensor ``group_index``, a few counts, read whole
+    on every rank)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
+    if dtensor is not None and isinstance(group_index, dtensor.DTensor):
+        group_index = group_index.full_tensor()
+    rows = math.prod(x.shape[:-1])
+    valid = torch.arange(rows, device=group_index.device) < V.valid_rows(group_index, rows)
+    if dtensor is not None and isinstance(x, dtensor.DTensor):
+        mesh = x.device_mesh
+        valid = dtensor.DTensor.from_local(valid, mesh, [dtensor.Replicate()] * mesh.ndim, run_check=False)
+    return valid
 
 
 def _half(x) -> torch.Tensor:
@@ -79,6 +93,7 @@ def _half(x) -> torch.Tensor:
 def _validate_forward(x, weight, group_index, clamp_limit) -> float:
     """The backward operator's validation, run at forward time so that errors point at the forward call."""
     half = _half(x)
+    V.check_dtensor_mix(dict(x=x, weight=weight, group_index=group_index))  # as the backward's gate will
     return V.validate_group_grad(half, x, weight, None if weight is None else half, group_index, clamp_limit)
 
 
