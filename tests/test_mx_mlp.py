@@ -338,6 +338,17 @@ def test_module_trains_fp32_master_weights():
     assert losses[-1] < 0.7 * losses[0]
 
 
+@pytest.mark.parametrize("quantize", [True, False])
+def test_any_layout_of_x(quantize):
+    """x in column-major storage (a transposed view; T = 10 gives fp32 row strides the grouped GEMM
+    rejected) gives the contiguous x's output and gradients bit for bit."""
+    x, w1, w2, ends, dout, glu = make_problem([4, 6], d=32, seed=17)
+    want = run(x, w1, w2, ends, dout, glu, backend="cpu", quantize=quantize)
+    got = run(x.t().contiguous().t(), w1, w2, ends, dout, glu, backend="cpu", quantize=quantize)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_bad_arguments_are_clear_errors():
     x, w1, w2, ends, _, _ = make_problem([4, 4], d=32, seed=12)
     f = swiglu_ops.mxfp8_expert_mlp
@@ -360,8 +371,30 @@ def test_bad_arguments_are_clear_errors():
         f(x, w1, w2, ends, gemm="cublas")
     with pytest.raises(ValueError, match="needs MX GEMMs"):
         f(x, w1, w2, ends, gemm="scaled_mm")
+    with pytest.raises(ValueError, match="at least one expert"):
+        f(x[:0], w1[:0], w2[:0], ends[:0])
     with pytest.raises(ValueError, match="hidden must be a multiple of 32"):
         swiglu_ops.MXFP8ExpertMLP(2, 32, 48)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((0, 32, 32), {}, ValueError, "num_experts must be >= 1"),
+        ((-1, 32, 32), {}, ValueError, "num_experts must be >= 1"),
+        (("3", 32, 32), {}, TypeError, "num_experts must be an int"),
+        ((2, 0, 32), {}, ValueError, "d_model must be >= 1"),
+        ((2, 32, 0), {}, ValueError, "hidden must be >= 1"),
+        ((2, 32, 32.0), {}, TypeError, "hidden must be an int"),
+        ((2, 32, 32), dict(dtype=torch.int32), TypeError, "dtype"),
+        ((2, 32, 32), dict(quantize="yes"), TypeError, "quantize must be a bool"),
+        ((2, 32, 32), dict(backend="gpu"), ValueError, "backend must be one of"),
+        ((2, 32, 32), dict(backend=None), TypeError, "backend must be a string"),
+    ],
+)
+def test_module_checks_its_arguments_at_construction(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        swiglu_ops.MXFP8ExpertMLP(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------- torch.compile

@@ -179,6 +179,7 @@ REJECTED = [
     ("gg: clamp -inf", group_grad(clamp_limit=-INF), ValueError, "clamp_limit"),
     ("gg: clamp string", group_grad(clamp_limit="3"), TypeError, "clamp_limit"),
     ("gg: clamp bool", group_grad(clamp_limit=True), TypeError, "clamp_limit"),
+    ("gg: clamp rounds to 0 in fp32", group_grad(clamp_limit=1e-50), ValueError, "clamp_limit"),
     (
         "gg: weight given, out grad_weight missing",
         with_weight(out=(ones(4, 32), None)),
@@ -698,6 +699,19 @@ REJECTED = [
     ),
     ("dequant: float ends", dequant(axis=-2, group_index=torch.tensor([4.0])), TypeError, "int64 or int32"),
     ("dequant: dst_dtype fp16", dequant(dst_dtype=F16), TypeError, "dst_dtype"),
+    ("dequant: dtype a string", dequant(dtype="float32"), TypeError, "dtype must be one of"),
+    ("dequant: dtype int32", dequant(dtype=torch.int32), TypeError, "dtype must be one of"),
+    ("dequant: dtype fp8", dequant(dtype=torch.float8_e4m3fn), TypeError, "dtype must be one of"),
+    (
+        "dequant: dtype int32, meta tensors (the custom op)",
+        dequant(
+            data=torch.zeros(4, 64, dtype=torch.float8_e4m3fn, device="meta"),
+            scale=torch.zeros(4, 1, 2, dtype=torch.uint8, device="meta"),
+            dtype=torch.int32,
+        ),
+        TypeError,
+        "dtype must be one of",
+    ),
     ("dequant: fp8 data named E1M2", dequant(dst_dtype=E1M2), TypeError, "data must be"),
     (
         "dequant: E2M1 data, scale for N/2 columns",

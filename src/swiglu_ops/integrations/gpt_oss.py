@@ -26,6 +26,7 @@ import types
 
 import torch
 
+from ..ops.registry import check_backend_name
 from ..training.nn import ClippedSwigluFunction
 
 __all__ = ["patch_gpt_oss", "is_patched"]
@@ -100,8 +101,7 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
         RuntimeError: the installed transformers computes another activation (checked on a probe).
     """
     experts_class = _experts_class()
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    check_backend_name(backend)
     experts = [m for m in model.modules() if isinstance(m, experts_class)]
     if not experts:
         raise ValueError(

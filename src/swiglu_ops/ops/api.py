@@ -189,10 +189,12 @@ def mx_dequantize(
     ``data`` is ``[*batch, M, N]`` FP8 (``float8_e4m3fn`` / ``float8_e5m2``) or ``[*batch, M, N/2]`` packed
     FP4 (``float4_e2m1fn_x2``), or ``uint8`` codes of the format named by ``dst_dtype`` (as the operators'
     argument: required for the E1M2 results, ``dst_dtype=swiglu_ops.float4_e1m2fn_x2``). The result is
-    ``[*batch, M, N]`` (FP4 unpacked) in ``dtype``. Scale code 0xFF (NaN block) dequantises to NaN; ``scale``
+    ``[*batch, M, N]`` (FP4 unpacked) in ``dtype`` (float32, float64, bfloat16 or float16; another dtype is
+    a ``TypeError``). Scale code 0xFF (NaN block) dequantises to NaN; ``scale``
     is ``float8_e8m0fnu`` or uint8 raw codes. Works on every device and inside ``torch.compile`` (one custom
     op, ``torch.ops.swiglu_ops.mx_dequantize``).
     """
+    V.check_dequantize_dtype(dtype)  # before the custom op's schema sees it
     tensors = {"data": data, "scale": scale, "group_index": group_index}
     if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
         return torch.ops.swiglu_ops.mx_dequantize(
@@ -205,5 +207,5 @@ def mx_dequantize(
 def dequantize_eager(data, scale, axis, group_index, dtype, dst_dtype) -> torch.Tensor:
     """:func:`mx_dequantize` on plain tensors (also the custom op's real kernel)."""
     data, scale, group_index = map(V.kernel_ready, (data, scale, group_index))
-    fmt, _ = V.dequantize_spec(data, scale, axis, group_index, dst_dtype)
+    fmt, _ = V.dequantize_spec(data, scale, axis, group_index, dst_dtype, dtype)
     return dequantize(data, scale, fmt, axis=axis, group_index=group_index, dtype=dtype)

@@ -127,7 +127,7 @@ def _mx_dequantize_fake(data, scale, axis=-1, group_index=None, *, dtype=torch.f
     from .validate import dequantize_spec
 
     dst = None if dst_dtype is None else mx.dst_from_name(dst_dtype)
-    _, shape = dequantize_spec(data, scale, axis, group_index, dst)
+    _, shape = dequantize_spec(data, scale, axis, group_index, dst, dtype)
     return data.new_empty(shape, dtype=dtype)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "Backend",
     "register",
     "backend_names",
+    "check_backend_name",
     "backend_module",
     "backend_status",
     "available_backends",
@@ -142,9 +143,17 @@ def _warn_fallback(name: str, device_type: str, why: str) -> None:
     )
 
 
-def _named(backend: str, device: torch.device) -> Backend:
+def check_backend_name(backend) -> None:
+    """``backend`` is ``"auto"`` or a registered backend's name (``TypeError``/``ValueError`` naming it): what
+    modules check at construction, before a device is known."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    if backend != "auto" and backend not in _MODULES:
+        raise ValueError(f"backend must be one of {('auto', *_MODULES)}, got {backend!r}")
+
+
+def _named(backend: str, device: torch.device) -> Backend:
+    check_backend_name(backend)
     if backend == "auto":
         preferred = _PREFERRED.get(device.type)
         if preferred is not None:
@@ -153,8 +162,6 @@ def _named(backend: str, device: torch.device) -> Backend:
                 return _load(preferred)
             _warn_fallback(preferred, device.type, why)
         return _load("reference")
-    if backend not in _MODULES:
-        raise ValueError(f"backend must be one of {('auto', *_MODULES)}, got {backend!r}")
     ok, why = backend_status(backend, device)
     if not ok:
         raise ValueError(f"backend {backend!r} is not available for {device} tensors: {why}")

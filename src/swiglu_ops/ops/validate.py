@@ -323,6 +323,22 @@ def valid_rows(group_index: torch.Tensor, rows: int) -> torch.Tensor:
     return group_index.to(torch.int64).sum().clamp(0, rows)
 
 
+def check_clamp_limit(clamp_limit) -> float:
+    """swiglu_group_grad's ``clamp_limit``, as the fp32 value the kernels use: >= 0 (0 disables the clamp,
+    inf accepted); a positive value that rounds to 0 in fp32 would silently disable it, and is an error."""
+    if isinstance(clamp_limit, bool) or not isinstance(clamp_limit, numbers.Real):
+        raise TypeError(f"clamp_limit must be a real number, got {type(clamp_limit).__name__}")
+    if not clamp_limit >= 0.0:
+        raise ValueError(f"clamp_limit must be >= 0 (0 disables the clamp), got {clamp_limit}")
+    clamp = fp32_value(clamp_limit)
+    if clamp == 0.0 and clamp_limit > 0.0:
+        raise ValueError(
+            f"clamp_limit {clamp_limit} rounds to 0 in fp32, which disables the clamp: pass 0 for no clamp "
+            "or a value >= 2**-149"
+        )
+    return clamp
+
+
 def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
     """Every rejection of swiglu_group_grad.md section 2 plus the contract; returns the clamp as fp32."""
     check_data_pair("grad_y", grad_y, "x", x)
@@ -339,10 +355,7 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
         raise ValueError(f"x last dim must be 2 * grad_y last dim = {2 * hidden}, got {x.shape[-1]}")
     if hidden <= 0:
         raise ValueError("grad_y last dim (H) must be greater than 0")
-    if isinstance(clamp_limit, bool) or not isinstance(clamp_limit, numbers.Real):
-        raise TypeError(f"clamp_limit must be a real number, got {type(clamp_limit).__name__}")
-    if not clamp_limit >= 0.0:
-        raise ValueError(f"clamp_limit must be >= 0 (0 disables the clamp), got {clamp_limit}")
+    clamp = check_clamp_limit(clamp_limit)
     check_tensor("y_origin", y_origin, optional=True)
     rows = math.prod(grad_y.shape[:-1])
     check_weight(weight, grad_y, rows)  # the one routing-weight rule, as in the MX operators
@@ -358,7 +371,7 @@ def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
     check_device(grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index)
     if group_index is not None:
         warn_if_ends_as_counts(group_index, rows)
-    return fp32_value(clamp_limit)
+    return clamp
 
 
 def validate_mx_backward(
@@ -644,7 +657,16 @@ def mx_forward_output_specs(x, group_index, fmt, transpose_y2=False):
     return mx_output_specs((*lead, m, c // 2), group_index, fmt, transpose_y2)
 
 
-def dequantize_spec(data, scale, axis, group_index, dst_dtype):
+DEQUANTIZE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def check_dequantize_dtype(dtype) -> None:
+    """:func:`swiglu_ops.mx_dequantize`'s result dtype: a floating dtype that holds every MX value's sign."""
+    if not isinstance(dtype, torch.dtype) or dtype not in DEQUANTIZE_DTYPES:
+        raise TypeError(f"dtype must be one of {DEQUANTIZE_DTYPES} (the result's dtype), got {dtype!r}")
+
+
+def dequantize_spec(data, scale, axis, group_index, dst_dtype, dtype):
     """Every rule of :func:`swiglu_ops.mx_dequantize` (also its fake kernel's): ``(format, result shape)``.
 
     ``group_index`` (axis -2) follows the MX operators' rules for cumulative row ends (int64/int32, 1-D,
@@ -652,6 +674,7 @@ def dequantize_spec(data, scale, axis, group_index, dst_dtype):
     or float ends are errors, never other numbers."""
     check_tensor("data", data)
     check_tensor("scale", scale)
+    check_dequantize_dtype(dtype)
     if dst_dtype is None:
         fmt = mx.format_of_dtype(data.dtype)
         if fmt is None:

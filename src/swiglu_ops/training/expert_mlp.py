@@ -53,6 +53,7 @@ from ..numerics import glu as glu_math
 from ..numerics import mx
 from ..ops import api
 from ..ops import validate as V
+from ..ops.registry import check_backend_name
 from . import layouts
 
 mx_dequantize = api.mx_dequantize
@@ -451,7 +452,7 @@ def check_bf16(**tensors) -> None:
 def check_sizes(two_h: int, d: int) -> None:
     """ValueError unless the MX blocks of 32 divide the expert MLP's sizes: ``2H % 64 == 0`` (the hidden
     size H a multiple of 32) and ``d % 8 == 0`` (d_model)."""
-    if two_h % 64 != 0 or d % 8 != 0:
+    if two_h <= 0 or d <= 0 or two_h % 64 != 0 or d % 8 != 0:
         raise ValueError(
             f"hidden must be a multiple of 32 (2H of 64) and d_model of 8 (MX blocks of 32), got "
             f"2H = {two_h}, d_model = {d}"
@@ -466,6 +467,8 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
             f"{tuple(w2.shape)}"
         )
     e, d, two_h = w1.shape
+    if e < 1:
+        raise ValueError(f"w1 must hold at least one expert ([E, d, 2H] with E >= 1), got {tuple(w1.shape)}")
     if x.shape[1] != d or tuple(w2.shape) != (e, two_h // 2, d):
         raise ValueError(
             f"w1 [E, d, 2H] = {tuple(w1.shape)} needs x [T, {d}] and w2 [{e}, {two_h // 2}, {d}]; got "
@@ -553,7 +556,7 @@ def mxfp8_expert_mlp(
     _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2)
     V.check_weight(probs, x, x.shape[0], name="probs")
     return _ExpertMLPFunction.apply(
-        x,
+        x.contiguous(),  # any layout: the GEMMs and the MX operators read rows
         w1,
         w2,
         group_ends,
@@ -601,10 +604,20 @@ class MXFP8ExpertMLP(torch.nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        check_sizes(2 * hidden, d_model)
-        V.mx_glu_params(True, interleaved, limit, alpha, bias)  # errors here, naming the argument
+        for name, value in (("num_experts", num_experts), ("d_model", d_model), ("hidden", hidden)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        check_sizes(2 * hidden, d_model)  # errors here, naming the argument
+        V.mx_glu_params(True, interleaved, limit, alpha, bias)
+        if not isinstance(quantize, bool):
+            raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
+        check_backend_name(backend)
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype (of the master weights) must be a floating dtype, got {dtype!r}")
         kw = dict(device=device, dtype=dtype)
         self.w1 = torch.nn.Parameter(torch.empty(num_experts, d_model, 2 * hidden, **kw))
         self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden, d_model, **kw))

@@ -30,6 +30,7 @@ from torch.autograd.function import once_differentiable
 from ..numerics import glu as glu_math
 from ..ops import api
 from ..ops import validate as V
+from ..ops.registry import check_backend_name
 from ..ops.table import CLIPPED_SWIGLU
 from .expert_mlp import MXFP8ExpertMLP, mxfp8_expert_mlp
 
@@ -85,6 +86,8 @@ def _half(x) -> torch.Tensor:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 2:
         raise ValueError(f"x must have rank >= 2, got shape {tuple(x.shape)}")
+    if x.dtype not in V.FLOAT_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     if x.shape[-1] % 2 != 0:
         raise ValueError(f"x last dim must be even (two halves), got {x.shape[-1]}")
     return x[..., : x.shape[-1] // 2]
@@ -172,6 +175,8 @@ class ClampedSwiGLU(torch.nn.Module):
 
     def __init__(self, clamp_limit: float = 0.0, *, backend: str = "auto"):
         super().__init__()
+        V.check_clamp_limit(clamp_limit)  # errors at construction, naming the argument
+        check_backend_name(backend)
         self.clamp_limit = clamp_limit
         self.backend = backend
 
@@ -276,6 +281,7 @@ class ClippedSwiGLU(torch.nn.Module):
         V.glu_params(
             interleaved=interleaved, clipped=True, alpha=alpha, limit=limit, bias=bias, clamp_mode=clamp_mode
         )  # errors at construction, naming the argument
+        check_backend_name(backend)
         self.dim, self.alpha, self.limit, self.bias = dim, alpha, limit, bias
         self.interleaved, self.clamp_mode, self.backend = interleaved, clamp_mode, backend
 
