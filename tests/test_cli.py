@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from swiglu_ops import cli
 
 
@@ -42,3 +44,36 @@ def test_usage_and_unknown_command(capsys):
 def test_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "swiglu_ops", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "swiglu-ops {demo,verify,bench}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--steps", "0"], "--steps: must be >= 1"),
+        (["demo", "--repeats", "0"], "--repeats: must be >= 1"),
+        (["demo", "--train-threads", "0"], "--train-threads: must be >= 1"),
+        (["demo", "--tokens", "-3", "5"], "--tokens: must be >= 0"),
+        (["demo", "--tokens", "0", "0"], "--tokens: at least one expert needs a token"),
+        (["demo", "--lr", "-1"], "--lr: must be a positive number"),
+        (["demo", "--backend", "nope"], "--backend: backend must be one of"),
+        (["demo", "--plot", "curves.txt"], "--plot: 'curves.txt': matplotlib cannot write .txt"),
+        (["bench", "--quick", "--repeats", "-5"], "--repeats must be >= 1"),
+        (["bench", "--quick", "--only", "nosuchlabel"], "--only: no case labelled ['nosuchlabel']"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_any_work(argv, message, capsys):
+    """Each is argparse's usage error (exit status 2) before anything runs: these used to be tracebacks,
+    some after the whole demo had trained (--plot, --repeats), or an empty CSV (--only)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def test_demo_makes_the_folder_of_its_picture(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "new" / "folder" / "curves.png"
+    assert cli.main(["demo", "--tokens", "40", "9", "--d-model", "32", "--hidden", "32", "--steps", "2",
+                     "--repeats", "1", "--backend", "cpu", "--plot", str(path)]) == 0  # fmt: skip
+    assert path.stat().st_size > 10_000

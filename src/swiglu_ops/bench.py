@@ -585,6 +585,8 @@ def main(argv=None) -> int:
         "--sweep", action="store_true", help="how the cost grows over M, 2H and threads (bench_sweep.*)"
     )
     args = p.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     ok, why = registry.backend_status("cpu", torch.device("cpu"))
     if not ok:
         print(f"the cpu backend is not available: {why}", file=sys.stderr)
@@ -595,6 +597,9 @@ def main(argv=None) -> int:
     results = []
     cases = sweep_cases(args.ops) if args.sweep else default_cases(args.quick, args.ops)
     if args.only:
+        unknown = sorted(set(args.only) - {c.label for c in cases})
+        if unknown:
+            p.error(f"--only: no case labelled {unknown} here (labels: {sorted({c.label for c in cases})})")
         cases = [c for c in cases if c.label in args.only]
     compile_reference = compile_reference and not args.sweep
     evict = None if args.quick else cache_evictor()

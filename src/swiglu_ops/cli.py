@@ -20,6 +20,7 @@ import torch
 from .numerics.tolerances import GRAD_WEIGHT_RTOL, unit_differences, within_near_ties
 from .ops import api
 from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_axis
+from .ops.registry import check_backend_name
 from .ops.table import PUBLIC
 from .training.expert_mlp import MXFP8ExpertMLP, check_sizes, expert_mlp_reference
 
@@ -172,24 +173,64 @@ def _plot_demo(results: dict, path: str) -> bool:
     return True
 
 
+def _at_least(low: int):
+    """An argparse type: an int >= ``low`` (a clean usage error instead of a traceback mid-run)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _check_plot_path(path: str) -> str | None:
+    """Why ``--plot`` cannot be written (checked before the run, not after it), or None; makes its folder."""
+    from pathlib import Path
+
+    from .bench import pyplot
+
+    plt = pyplot()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if plt is not None and suffix not in plt.figure().canvas.get_supported_filetypes():
+        plt.close("all")
+        return f"{path!r}: matplotlib cannot write {'.' + suffix if suffix else 'a file without a suffix'}"
+    if plt is not None:
+        plt.close("all")
+    try:
+        Path(path).resolve().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{path!r}: cannot make its folder ({exc})"
+    return None
+
+
 def demo(argv=None) -> int:
     p = argparse.ArgumentParser(prog="swiglu-ops demo", description=demo.__doc__)
     p.add_argument(
         "--tokens",
-        type=int,
+        type=_at_least(0),
         nargs="+",
         default=[300, 61, 0, 207, 1, 155],
         help="tokens routed to each expert (uneven groups; 0 = an expert without tokens)",
     )
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=128, help="H (W1 has 2H columns: gate | up)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--d-model", type=_at_least(1), default=64)
+    p.add_argument("--hidden", type=_at_least(1), default=128, help="H (W1 has 2H columns: gate | up)")
+    p.add_argument("--steps", type=_at_least(1), default=30)
+    p.add_argument("--lr", type=_positive_float, default=1e-2)
     p.add_argument("--backend", default="auto", help="backend of the fused operators in the training runs")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per backend")
+    p.add_argument("--repeats", type=_at_least(1), default=3, help="timed repeats per backend")
     p.add_argument(
         "--train-threads",
-        type=int,
+        type=_at_least(1),
         default=1,
         help="torch threads while training (default 1: the problem is small; docs/integration.md)",
     )
@@ -203,6 +244,14 @@ def demo(argv=None) -> int:
         check_sizes(2 * args.hidden, args.d_model)
     except ValueError as exc:  # --hidden / --d-model: the expert MLP's own rule
         p.error(f"--hidden / --d-model: {exc}")
+    if sum(args.tokens) == 0:
+        p.error("--tokens: at least one expert needs a token (there is nothing to train on)")
+    try:
+        check_backend_name(args.backend)
+    except ValueError as exc:
+        p.error(f"--backend: {exc}")
+    if args.plot is not None and (why := _check_plot_path(args.plot)) is not None:
+        p.error(f"--plot: {why}")
 
     t_all = time.perf_counter()
     print(
