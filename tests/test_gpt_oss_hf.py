@@ -34,7 +34,7 @@ from transformers import GptOssConfig, GptOssForCausalLM, GptOssModel
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 import swiglu_ops
-from swiglu_ops.integrations import is_patched, patch_gpt_oss
+from swiglu_ops.integrations import is_patched, patch_gpt_oss, unpatch_gpt_oss
 from swiglu_ops.ops import registry
 
 IMPLEMENTATIONS = ["eager", "batched_mm", "grouped_mm"]
@@ -189,7 +189,7 @@ def test_patch_api():
     assert patch_gpt_oss(model) is model and all(
         e._swiglu_ops_backend == "auto" for e in experts
     )  # idempotent
-    copied = copy.deepcopy(model)  # the bound methods follow the copies
+    copied = copy.deepcopy(model)  # the fused gates follow the copies
     assert all(is_patched(e) for e in copied.modules() if isinstance(e, GptOssExperts))
     training_step(copied)
     base = GptOssModel(tiny_config())
@@ -200,6 +200,41 @@ def test_patch_api():
     with pytest.raises(TypeError, match="backend"):
         patch_gpt_oss(tiny_model(), backend=None)
     assert "GptOssExperts" in swiglu_ops.integrations.patch_gpt_oss.__doc__
+
+
+def _same_step(a, b) -> bool:
+    (la, oa, ga), (lb, ob, gb) = a, b
+    return (
+        torch.equal(la, lb)
+        and torch.equal(oa, ob)
+        and ga.keys() == gb.keys()
+        and all(torch.equal(ga[k], gb[k]) for k in ga)
+    )
+
+
+def test_patched_model_saves_and_loads(tmp_path):
+    """torch.save / torch.load of a whole patched model: it loads patched and computes the same bits (the
+    patch was a bound method on each instance, which pickles as a name the class lacks: loading failed)."""
+    torch.manual_seed(0)
+    model = patch_gpt_oss(tiny_model(), backend="cpu")
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    experts = [m for m in loaded.modules() if isinstance(m, GptOssExperts)]
+    assert experts and all(is_patched(e) and e._apply_gate.module is e for e in experts)
+    assert _same_step(training_step(loaded), training_step(model))
+
+
+def test_unpatch_restores_hugging_face_bit_for_bit():
+    torch.manual_seed(0)
+    model = tiny_model()
+    plain = training_step(model)
+    patch_gpt_oss(model, backend="cpu")
+    patched = training_step(model)
+    assert unpatch_gpt_oss(model) is model
+    assert not any(is_patched(m) or hasattr(m, "_swiglu_ops_backend") for m in model.modules())
+    assert _same_step(training_step(model), plain)
+    patch_gpt_oss(model, backend="cpu")  # and again
+    assert _same_step(training_step(model), patched)
 
 
 def test_patch_refuses_a_different_activation(monkeypatch):

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import importlib
 
-from .gpt_oss import is_patched, patch_gpt_oss
+from .gpt_oss import is_patched, patch_gpt_oss, unpatch_gpt_oss
 
-__all__ = ["patch_gpt_oss", "is_patched"]  # not "hf"/"torchao": a star import must not need them
+__all__ = [
+    "patch_gpt_oss",
+    "unpatch_gpt_oss",
+    "is_patched",
+]  # not "hf"/"torchao": a star import must not need them
 
 _LAZY = ("hf", "torchao")
 

@@ -22,14 +22,12 @@ the fused operator with its fused backward; routing, projections and weights sta
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 from ..ops.registry import check_backend_name
 from ..training.nn import ClippedSwigluFunction
 
-__all__ = ["patch_gpt_oss", "is_patched"]
+__all__ = ["patch_gpt_oss", "unpatch_gpt_oss", "is_patched"]
 
 #: GPT-OSS adds 1 to the clipped up projection (``(up + 1) * glu``); it is not a config attribute.
 GPT_OSS_BIAS = 1.0
@@ -52,11 +50,20 @@ def _experts_class():
     return GptOssExperts
 
 
-def _fused_apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
-    """``GptOssExperts._apply_gate``, fused: ``[..., 2I]`` interleaved gate/up -> ``[..., I]``."""
-    return ClippedSwigluFunction.apply(
-        gate_up, None, -1, self.alpha, self.limit, GPT_OSS_BIAS, True, 0, getattr(self, _MARK)
-    )
+class _FusedApplyGate:
+    """``GptOssExperts._apply_gate``, fused, for one module (set on the instance, read at call time: its
+    ``alpha``, ``limit`` and backend): ``[..., 2I]`` interleaved gate/up -> ``[..., I]``. An object rather
+    than a bound method so that a patched model pickles (``torch.save(model)``): pickle stores a bound
+    method as a name to look up on the instance, which the class does not have, so loading failed."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        return ClippedSwigluFunction.apply(
+            gate_up, None, -1, m.alpha, m.limit, GPT_OSS_BIAS, True, 0, getattr(m, _MARK)
+        )
 
 
 def _check_same_function(experts, original) -> None:
@@ -70,7 +77,7 @@ def _check_same_function(experts, original) -> None:
     probe = torch.linspace(-1.5, 1.5, 48, dtype=torch.float32, device=device).reshape(2, 24) * scale
     with torch.no_grad():
         expected = original(experts, probe)
-        got = _fused_apply_gate(experts, probe)
+        got = _FusedApplyGate(experts)(probe)
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
         raise RuntimeError(
             "transformers' GptOssExperts._apply_gate no longer computes the GPT-OSS clipped SwiGLU "
@@ -111,11 +118,21 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
         setattr(module, _MARK, backend)
         if not is_patched(module):
             _check_same_function(module, experts_class._apply_gate)
-            module._apply_gate = types.MethodType(_fused_apply_gate, module)
+            module._apply_gate = _FusedApplyGate(module)
+    return model
+
+
+def unpatch_gpt_oss(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`patch_gpt_oss`: every patched ``GptOssExperts`` of ``model`` computes Hugging Face's own
+    activation again (bit for bit the never-patched model). Modules that are not patched are left alone.
+    Returns ``model``."""
+    for module in model.modules():
+        if is_patched(module):
+            del module._apply_gate
+            delattr(module, _MARK)
     return model
 
 
 def is_patched(module: torch.nn.Module) -> bool:
     """Whether ``module`` (a ``GptOssExperts``) runs the fused activation of :func:`patch_gpt_oss`."""
-    bound = module.__dict__.get("_apply_gate")
-    return isinstance(bound, types.MethodType) and bound.__func__ is _fused_apply_gate
+    return isinstance(module.__dict__.get("_apply_gate"), _FusedApplyGate)
