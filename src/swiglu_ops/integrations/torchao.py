@@ -201,6 +201,9 @@ def tokenwise_mxtensor(
     empty group is fine). This is the wgrad GEMM's ``A`` operand (``dW = y2t @ dY``, K = tokens) when one
     GEMM covers all tokens; per expert, use :func:`tokenwise_mxtensors`. Scales are new (``[N, M/32]``
     gathered from ``mxscale2``, or blocked with ``blocked=True``).
+
+    A CANN ``[M, N]`` y2 is refused by its shape, except when M == N: a tensor does not record its layout,
+    so there the caller's word is taken (pass the output of ``transpose_y2=True``).
     """
     qdata, elem, m, n = _check_y2(y2t, mxscale2, transposed=True)
     bounds = _group_bounds(group_index, m)
