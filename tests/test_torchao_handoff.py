@@ -152,6 +152,42 @@ def test_what_cannot_be_wrapped():
         ti.tokenwise_mxtensor(y2t, s2t, torch.tensor([96, 96]))
 
 
+@pytest.mark.parametrize("dst", FP8, ids=lambda d: str(d).split(".")[-1])
+def test_square_y2_is_checked_against_its_scales(dst):
+    """M == N: the shapes cannot tell CANN's [M, N] y2 from the transposed one, so the data is checked
+    against the scales. The right layout passes (backward and forward, both scale algorithms, groups, a
+    routing weight, tiny and NaN blocks); the wrong one in either direction is a ValueError (it used to give
+    an MXTensor that dequantised wrong)."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(M, 2 * M, generator=gen, dtype=torch.bfloat16) * 4
+    x[:32, :8] *= 2.0**-100  # blocks whose values are tiny (scale code at or near the smallest)
+    x[40, 3] = float("nan")  # a NaN block (scale code 255)
+    dy = torch.randn(M, M, generator=gen, dtype=torch.bfloat16)
+    w = torch.rand(M, generator=gen) * 2 - 1
+    for backward, scale_alg, weight in ((False, None, None), (False, None, w), (True, 0, None), (True, 1, w)):
+        kw = dict(dst_dtype=dst, weight=weight)
+        if backward:  # x [M, M] and dy [M, M/2]: y2 [M, M]
+            outs = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+                x[:, :M], dy[:, : M // 2], ENDS, scale_alg=scale_alg, **kw
+            )
+            t_outs = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+                x[:, :M], dy[:, : M // 2], ENDS, scale_alg=scale_alg, transpose_y2=True, **kw
+            )
+        else:
+            outs = swiglu_ops.swiglu_mx_quant_dual_axis(x, ENDS, **kw)
+            t_outs = swiglu_ops.swiglu_mx_quant_dual_axis(x, ENDS, transpose_y2=True, **kw)
+        y2, s2, y2t, s2t = outs[2], outs[3], t_outs[2], t_outs[3]
+        assert y2.shape == y2t.shape == (M, M)
+        assert_bitwise(ti.tokenwise_mxtensor(y2t, s2t, ENDS).dequantize(torch.float32).t(),
+                       swiglu_ops.mx_dequantize(y2, s2, axis=-2, group_index=ENDS))  # fmt: skip
+        ti.tokenwise_mxtensors(y2t, s2t, ENDS, copy_data=True)
+        ti.tokenwise_mxtensors(y2, s2, ENDS, transposed=False, copy_data=True)
+        with pytest.raises(ValueError, match="y2 does not fit mxscale2"):
+            ti.tokenwise_mxtensor(y2, s2, ENDS)
+        with pytest.raises(ValueError, match="y2 does not fit mxscale2"):
+            ti.tokenwise_mxtensors(y2t, s2t, ENDS, transposed=False, copy_data=True)
+
+
 def test_lazy_attribute_and_import_swiglu_ops_does_not_import_torchao():
     import swiglu_ops.integrations as integrations
 

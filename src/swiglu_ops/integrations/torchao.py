@@ -176,6 +176,26 @@ def _check_y2(y2, mxscale2, transposed: bool) -> tuple[torch.Tensor, torch.dtype
     return qdata, elem, m, n
 
 
+def _check_square_layout(tokens_last: torch.Tensor, blocks: torch.Tensor, elem: torch.dtype) -> None:
+    """A square y2 (M == N) cannot tell its layout by shape, so check it against the scales: in the
+    operators' outputs every block with a finite scale above the smallest (codes 1..254) holds a code of at
+    least half the format's largest value (OCP scales put the block's amax at or above 2**emax, RCEIL ones
+    above max / 2). ``tokens_last`` ``[N, M]`` is the data as the call reads it, ``blocks`` ``[M/32, N]``
+    the scale codes of its 32-token blocks. Reads the data once and synchronises with the host; only for
+    M == N."""
+    n, m = tokens_last.shape
+    half = mx.format_of_dtype(elem).max_value / 2
+    amax = tokens_last.view(elem).float().abs().reshape(n, m // BLOCK, BLOCK).amax(-1)  # [N, M/32]
+    codes = blocks.view(torch.uint8).t()
+    wrong = (codes > 0) & (codes < 255) & (amax < half)
+    if bool(wrong.any()):
+        raise ValueError(
+            f"y2 does not fit mxscale2: {int(wrong.sum())} of its 32-token blocks hold no code near their "
+            "scale's range, so it is not in the layout this call reads (with M == N the shapes cannot tell "
+            "CANN's [M, N] y2 from the [N, M] one that transpose_y2=True writes)"
+        )
+
+
 def _whole_blocks(bounds, what: str) -> None:
     for g, (s, e) in enumerate(bounds):
         if (e - s) % BLOCK:
@@ -202,13 +222,16 @@ def tokenwise_mxtensor(
     GEMM covers all tokens; per expert, use :func:`tokenwise_mxtensors`. Scales are new (``[N, M/32]``
     gathered from ``mxscale2``, or blocked with ``blocked=True``).
 
-    A CANN ``[M, N]`` y2 is refused by its shape, except when M == N: a tensor does not record its layout,
-    so there the caller's word is taken (pass the output of ``transpose_y2=True``).
+    A CANN ``[M, N]`` y2 is refused by its shape; when M == N the shapes cannot tell, and the data is checked
+    against the scales instead (one read of it and a host synchronisation, only then).
     """
     qdata, elem, m, n = _check_y2(y2t, mxscale2, transposed=True)
     bounds = _group_bounds(group_index, m)
     _whole_blocks(bounds, "(one MXTensor over all groups)")
-    plain = layouts.mxscale2_to_plain(mxscale2, m, group_index)[: m // BLOCK].t()  # [N, M/32]
+    plain = layouts.mxscale2_to_plain(mxscale2, m, group_index)[: m // BLOCK]  # [M/32, N]
+    if m == n:
+        _check_square_layout(qdata, plain, elem)
+    plain = plain.t()  # [N, M/32]
     scale = _swizzled(plain) if blocked else plain.contiguous()
     return _make(qdata, scale, elem, orig_dtype, kernel_preference, blocked)
 
@@ -244,6 +267,8 @@ def tokenwise_mxtensors(
     bounds = _group_bounds(group_index, m)
     _whole_blocks(bounds, "per group")
     plain = layouts.mxscale2_to_plain(mxscale2, m, group_index)  # [P, N]: the groups' blocks in order
+    if m == n:
+        _check_square_layout(qdata if transposed else qdata.t(), plain[: m // BLOCK], elem)
     out, block = [], 0
     for g, (s, e) in enumerate(bounds):
         data = qdata[:, s:e] if transposed else qdata[s:e].t()
