@@ -104,7 +104,9 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
         ``model`` itself, patched in place.
 
     Raises:
-        ValueError: the model has no ``GptOssExperts`` module.
+        ValueError: the model has no ``GptOssExperts`` module; its ``swiglu_limit`` is not > 0 (the
+            operator's rule, from the probe); ``backend`` is not a backend's name.
+        TypeError: ``backend`` is not a string.
         RuntimeError: the installed transformers computes another activation (checked on a probe).
     """
     experts_class = _experts_class()
