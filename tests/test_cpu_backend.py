@@ -902,3 +902,64 @@ def test_ops_as_called_reuse_freed_outputs_and_stay_correct(monkeypatch):
         )
     live = [swiglu_ops.swiglu_group_grad(dy, x, backend="cpu")[0] for _ in range(2)]
     assert live[0].data_ptr() != live[1].data_ptr()
+
+
+# ------------------------------------------------------------------- reads stay inside the inputs
+
+_GUARDED_CHILD = r"""
+import ctypes, itertools, mmap, sys
+import torch, swiglu_ops
+from swiglu_ops.backends import cpu
+
+PAGE = mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+keep = []
+
+def guarded(src, at_end):
+    # a copy of src whose last byte is followed (or whose first byte is preceded) by a PROT_NONE page
+    nbytes = src.numel() * src.element_size()
+    pages = -(-nbytes // PAGE)
+    mm = mmap.mmap(-1, (pages + 1) * PAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    guard = base + pages * PAGE if at_end else base
+    assert libc.mprotect(guard, PAGE, 0) == 0
+    offset = pages * PAGE - nbytes if at_end else PAGE
+    t = torch.frombuffer(mm, dtype=src.dtype, count=src.numel(), offset=offset).view(src.shape)
+    t.copy_(src)
+    keep.append(mm)
+    return t
+
+gen = torch.Generator().manual_seed(0)
+isas = cpu.LIBRARY.supported_isas()
+variants = [(n, g) for n in isas for g in ((0, 1) if n.startswith("avx512") else (0,))]
+for (isa, gather), dtype, rows, cols, at_end in itertools.product(
+    variants, (torch.bfloat16, torch.float16, torch.float32), (1, 3), (64, 96, 130), (True, False)
+):
+    cpu.LIBRARY.isa_code = getattr(cpu.LIBRARY.lib, f"SWIGLU_ISA_{isa.upper()}")
+    cpu.LIBRARY.gather = gather
+    x = guarded((torch.randn(rows, cols, generator=gen) * 3).to(dtype), at_end)
+    dy = guarded(torch.randn(rows, cols // 2, generator=gen).to(dtype), at_end)
+    w = guarded(torch.rand(rows, generator=gen), at_end)
+    for left, inter in itertools.product((True, False), (True, False)):
+        glu = dict(activate_left=left, interleaved=inter)
+        swiglu_ops.swiglu_mx_quant_dual_axis(x, backend="cpu", weight=w, **glu)
+        if cols % 64 == 0:
+            swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, backend="cpu", weight=w, **glu)
+    swiglu_ops.swiglu_group_grad(dy, x, w.reshape(rows, 1), dy, backend="cpu", clamp_limit=7.0)
+    for inter in (True, False):
+        swiglu_ops.clipped_swiglu(x, interleaved=inter, backend="cpu")
+        swiglu_ops.clipped_swiglu_grad(dy, x, interleaved=inter, backend="cpu")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect guard pages")
+def test_kernels_read_nothing_outside_their_inputs():
+    """Every operator on inputs that end right before (or start right after) an inaccessible page, on every
+    instruction set and both ways of reading the activation tables, every layout and activated half: a read
+    past an input faults. (The activation-table keys of an interleaved row's odd elements were read 8 bytes
+    at a time and took 2 bytes past the end of x: harmless where torch's allocator leaves room, a crash for
+    x from mmap / frombuffer / DLPack.) In a child process, so that a fault fails this test only."""
+    proc = subprocess.run([sys.executable, "-c", _GUARDED_CHILD], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr[-2000:])
