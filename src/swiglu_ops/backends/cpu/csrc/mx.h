@@ -576,6 +576,7 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     if (a->glu.clipped && a->glu.clamp_mode != 0) return -1; /* the MX operators take clamp_mode 0 */
     const int gw = a->backward && a->weight != NULL;
     if (gw && a->grad_weight == NULL) return -1;
+    if (a->n_groups > 0 && a->batch != 1) return -1; /* groups are rows of one matrix (the zero fill below) */
     glu_acts(&a->glu, 0, &job.act_fwd, &act2); /* the forward's activation: act16 of grad_weight */
     const int pairs = gw && a->dtype != SWIGLU_FP32; /* both from one table */
     job.act_pair = (act_fn){NULL, a->glu.clipped ? SWIGLU_ACT_GLU_SIG_GLU : SWIGLU_ACT_SIGMOID_GLU,
