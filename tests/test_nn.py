@@ -167,8 +167,6 @@ def test_forward_rejects_bad_input():
         swiglu_ops.clamped_swiglu(x, torch.ones(5))
     with pytest.raises(ValueError, match="clamp_limit must be >= 0"):
         swiglu_ops.clamped_swiglu(x, clamp_limit=-1.0)
-    with pytest.raises(ValueError, match="clamp_limit 1e-50 rounds to 0 in fp32"):
-        swiglu_ops.clamped_swiglu(x, clamp_limit=1e-50)
     with pytest.raises(TypeError, match="x must be bfloat16, float16 or float32"):
         swiglu_ops.clamped_swiglu(x.double())
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -179,7 +177,6 @@ def test_forward_rejects_bad_input():
     ("make", "error", "match"),
     [
         (lambda: swiglu_ops.ClampedSwiGLU(-1.0), ValueError, "clamp_limit must be >= 0"),
-        (lambda: swiglu_ops.ClampedSwiGLU(1e-50), ValueError, "clamp_limit 1e-50 rounds to 0"),
         (lambda: swiglu_ops.ClampedSwiGLU("7"), TypeError, "clamp_limit must be a real number"),
         (lambda: swiglu_ops.ClampedSwiGLU(7.0, backend="gpu"), ValueError, "backend must be one of"),
         (lambda: swiglu_ops.ClippedSwiGLU(backend=3), TypeError, "backend must be a string"),

@@ -325,18 +325,13 @@ def valid_rows(group_index: torch.Tensor, rows: int) -> torch.Tensor:
 
 def check_clamp_limit(clamp_limit) -> float:
     """swiglu_group_grad's ``clamp_limit``, as the fp32 value the kernels use: >= 0 (0 disables the clamp,
-    inf accepted); a positive value that rounds to 0 in fp32 would silently disable it, and is an error."""
+    inf accepted), cast to fp32 after that check as CANN does (spec 2.4: 1e-50 becomes 0 and disables the
+    clamp, 1e39 becomes inf)."""
     if isinstance(clamp_limit, bool) or not isinstance(clamp_limit, numbers.Real):
         raise TypeError(f"clamp_limit must be a real number, got {type(clamp_limit).__name__}")
     if not clamp_limit >= 0.0:
         raise ValueError(f"clamp_limit must be >= 0 (0 disables the clamp), got {clamp_limit}")
-    clamp = fp32_value(clamp_limit)
-    if clamp == 0.0 and clamp_limit > 0.0:
-        raise ValueError(
-            f"clamp_limit {clamp_limit} rounds to 0 in fp32, which disables the clamp: pass 0 for no clamp "
-            "or a value >= 2**-149"
-        )
-    return clamp
+    return fp32_value(clamp_limit)
 
 
 def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
