@@ -74,6 +74,9 @@ def _fsdp_worker(rank: int, world: int) -> dict:
     mesh = init_device_mesh("cpu", (world,))
     configs = [(q, a, None) for q in (False, True) for a in ACTIVATIONS]
     configs.append((True, "swiglu", "bf16 params, fp32 reduce"))
+    # with router probabilities: FSDP2 casts every float forward input to param_dtype, probs included (the
+    # module widens a bf16 probs exactly; it used to refuse it); the reference gets the same rounded probs
+    configs.append((True, "gpt_oss", "bf16 params, fp32 reduce, router probs"))
     diffs = {}
     for quantize, act, mixed in configs:
         torch.manual_seed(0)
@@ -88,12 +91,18 @@ def _fsdp_worker(rank: int, world: int) -> dict:
         ref_params = dict(ref.named_parameters())
         steps = []
         for step in range(STEPS):
+
+            def probs(
+                x, routed=bool(mixed and "probs" in mixed)
+            ):  # one per row, exact in bf16 (FSDP2's cast)
+                return torch.sigmoid(x[:, 0]).bfloat16().float() if routed else None
+
             x, ends, dy = _fsdp_batch(step, rank)
-            (model(x, ends).float() * dy).sum().backward()
+            (model(x, ends, probs(x)).float() * dy).sum().backward()
             loss = 0.0
             for r in range(world):  # one process: the same module on every rank's batch
                 xr, er, dyr = _fsdp_batch(step, r)
-                loss = loss + (ref(xr, er).float() * dyr).sum()
+                loss = loss + (ref(xr, er, probs(xr)).float() * dyr).sum()
             (loss / world).backward()
             grads = {n: _rel(p.grad.full_tensor(), ref_params[n].grad) for n, p in model.named_parameters()}
             opt.step()

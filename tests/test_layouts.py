@@ -321,6 +321,10 @@ def test_layout_helpers_reject_bad_input():
         swiglu_ops.layouts.to_blocked(torch.zeros(4, dtype=torch.uint8))
     with pytest.raises(ValueError, match="mxscale2 must have shape"):
         swiglu_ops.layouts.mxscale2_to_plain(torch.zeros(3, 64, 2, dtype=torch.uint8), 64)
+    with pytest.raises(TypeError, match="num_rows must be the operator's row count"):
+        swiglu_ops.layouts.mxscale2_to_plain(torch.zeros(1, 64, 2, dtype=torch.uint8), 64.0)
+    with pytest.raises(ValueError, match="num_rows must be the operator's row count"):
+        swiglu_ops.layouts.mxscale2_to_plain(torch.zeros(1, 64, 2, dtype=torch.uint8), -1)
     with pytest.raises(ValueError, match="need the group_index that produced them"):
         swiglu_ops.layouts.mxscale2_to_blocked(torch.zeros(4, 64, 2, dtype=torch.uint8), 128)
     with pytest.raises(ValueError, match="mxscale1"):

@@ -397,6 +397,30 @@ def test_module_checks_its_arguments_at_construction(args, kwargs, error, match)
         swiglu_ops.MXFP8ExpertMLP(*args, **kwargs)
 
 
+def test_module_forward_inputs():
+    """x must be a float tensor (TypeError naming it; an int x used to be cast silently, a list died with
+    AttributeError); a bf16 probs (FSDP2's mixed precision casts every float input) is widened exactly:
+    the fp32 call's output bit for bit, its gradient that one's rounded; numpy sizes are sizes."""
+    import numpy as np
+
+    torch.manual_seed(3)
+    mod = swiglu_ops.MXFP8ExpertMLP(np.int64(2), 32, np.int32(32), backend="cpu")
+    x, ends = torch.randn(40, 32), torch.tensor([15, 40])
+    with pytest.raises(TypeError, match="x must be a floating-point torch.Tensor, got list"):
+        mod(x.tolist(), ends)
+    with pytest.raises(TypeError, match="x must be a floating-point torch.Tensor, got torch.int64"):
+        mod(x.long(), ends)
+    with pytest.raises(TypeError, match="probs must be a floating-point torch.Tensor"):
+        mod(x, ends, torch.ones(40, dtype=torch.int32))
+    p16 = torch.rand(40).bfloat16().requires_grad_()
+    p32 = p16.detach().float().requires_grad_()
+    out16, out32 = mod(x, ends, p16), mod(x, ends, p32)
+    assert torch.equal(out16, out32)
+    out16.float().sum().backward()
+    out32.float().sum().backward()
+    assert p16.grad.dtype == torch.bfloat16 and torch.equal(p16.grad, p32.grad.bfloat16())
+
+
 # ----------------------------------------------------------------------------------------- torch.compile
 
 

@@ -45,6 +45,7 @@ only by MXFP8.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 
 import torch
@@ -605,10 +606,11 @@ class MXFP8ExpertMLP(torch.nn.Module):
     ):
         super().__init__()
         for name, value in (("num_experts", num_experts), ("d_model", d_model), ("hidden", hidden)):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        num_experts, d_model, hidden = int(num_experts), int(d_model), int(hidden)
         check_sizes(2 * hidden, d_model)  # errors here, naming the argument
         V.mx_glu_params(True, interleaved, limit, alpha, bias)
         if not isinstance(quantize, bool):
@@ -635,9 +637,17 @@ class MXFP8ExpertMLP(torch.nn.Module):
         self, x: torch.Tensor, group_ends: torch.Tensor, probs: torch.Tensor | None = None, *,
         capture: dict | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """``x [T, d]`` sorted by expert, ``group_ends`` their cumulative ends, ``probs`` (fp32, numel T, or
-        None) the router's probability of every row, applied inside the fused forward operator; returns
-        ``[T, d]`` bf16 (``probs.grad`` from the fused backward operator's ``grad_weight``)."""
+        """``x [T, d]`` sorted by expert (any float dtype, cast to bf16), ``group_ends`` their cumulative
+        ends, ``probs`` (numel T, or None) the router's probability of every row, applied inside the fused
+        forward operator in fp32 (a bf16 or fp16 ``probs``, e.g. cast by FSDP2's mixed-precision policy,
+        is widened exactly); returns ``[T, d]`` bf16 (``probs.grad`` from the fused backward operator's
+        ``grad_weight``)."""
+        for name, t in (("x", x), ("probs", probs)):
+            if t is not None and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"{name} must be a floating-point torch.Tensor, got {what}")
+        if probs is not None and probs.dtype in (_BF16, torch.float16):
+            probs = probs.float()
         return mxfp8_expert_mlp(
             x.to(_BF16), self.w1.to(_BF16), self.w2.to(_BF16), group_ends, limit=self.limit,
             alpha=self.alpha, bias=self.bias, interleaved=self.interleaved, quantize=self.quantize,

@@ -187,7 +187,9 @@ def mxscale1_to_plain(mxscale1: torch.Tensor, num_cols: int | None = None) -> to
 
 def _check_mxscale2(mxscale2, num_rows, group_index) -> None:
     _check_scales("mxscale2", mxscale2, rank=3)
-    if isinstance(num_rows, bool) or not isinstance(num_rows, (int, torch.SymInt)) or num_rows < 0:
+    if isinstance(num_rows, bool) or not isinstance(num_rows, (int, torch.SymInt)):
+        raise TypeError(f"num_rows must be the operator's row count M (an int >= 0), got {num_rows!r}")
+    if num_rows < 0:
         raise ValueError(f"num_rows must be the operator's row count M (an int >= 0), got {num_rows!r}")
     r, _, pair = mxscale2.shape
     if group_index is not None and not isinstance(group_index, torch.Tensor):
