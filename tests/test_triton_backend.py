@@ -771,3 +771,35 @@ def test_fast_path_keys_an_infinite_clamped_gate(monkeypatch, gate, glu, den_key
     monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
     got = swiglu_ops.clipped_swiglu_grad(dy, x, backend="triton", **glu)
     _equal_bits_nan_payloads_aside(got.cpu(), want.cpu(), "grad_x")
+
+
+def test_rows_the_kernels_cannot_address_are_refused():
+    """The kernels address within a row by 32-bit offsets, and CUDA launches at most 65535 programs along
+    grid axis 1: a row of 2**31 elements or more (their offsets would wrap: a review found 2 * half in
+    int32 reading 4 GiB before x for the second row), and an MX row needing more programs along it, are a
+    ValueError from the launcher, never a wrong address. Checked on meta tensors before any launch."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    wide = 2**31  # elements in a row of x
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*31 elements"):
+        triton_backend.swiglu_group_grad(
+            torch.empty(2, wide // 2, **meta), torch.empty(2, wide, **meta), None, None, None, 0.0,
+            torch.empty(2, wide, **meta), None,
+        )  # fmt: skip
+    glu = SWIGLU
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*31 elements"):
+        triton_backend.clipped_swiglu(
+            torch.empty(2, wide, **meta), None, glu, torch.empty(2, wide // 2, **meta)
+        )
+    u8 = dict(device="meta", dtype=torch.uint8)
+
+    def mx_bwd(m, cols):
+        x, dy = torch.empty(1, m, cols, **meta), torch.empty(1, m, cols // 2, **meta)
+        s1 = torch.empty(1, m, cols // 64, 2, **u8)
+        s2 = torch.empty(1, mx.mxscale2_rows(m, None), cols, 2, **u8)
+        y = torch.empty(1, m, cols, **u8)
+        triton_backend.swiglu_bwd_mx_quant(x, dy, None, glu, 1, mx.E4M3FN, y, s1, y, s2)
+
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*31 elements"):
+        mx_bwd(2, wide)
+    with pytest.raises(ValueError, match="CUDA's grid limit of 65535 programs along a row"):
+        mx_bwd(32, 2**25)

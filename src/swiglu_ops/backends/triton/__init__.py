@@ -134,8 +134,24 @@ def _aligned(*tensors) -> bool:
 # -------------------------------------------------------------------------------- swiglu_group_grad
 
 
+#: The kernels address within a row by 32-bit offsets (64-bit arithmetic once per row or row block): a
+#: row of x holds fewer elements than this. The tensors may hold more in all.
+MAX_ROW_ELEMENTS = 2**31
+
+
+def _check_row(width: int, op: str) -> None:
+    """ValueError for a row the kernels' 32-bit in-row offsets cannot address (the cpu and reference backends
+    take it): an error, never a wrapped offset."""
+    if width >= MAX_ROW_ELEMENTS:
+        raise ValueError(
+            f"backend 'triton' runs {op} on rows of x of fewer than 2**31 elements (32-bit offsets within a "
+            f"row), got {width}; use backend='cpu' or 'reference', or split the rows"
+        )
+
+
 def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_weight) -> None:
     rows, hidden = dy.shape
+    _check_row(2 * hidden, "swiglu_group_grad")
     aligned = hidden % 16 == 0 and _aligned(*(t for t in (dy, x, y_origin, grad_x) if t is not None))
     _kernels.swiglu_group_grad_kernel[(triton.cdiv(rows, GROUP_GRAD_ROWS),)](
         dy, x, weight, y_origin, valid_rows, grad_x, grad_weight,
@@ -161,6 +177,7 @@ def den_key(glu) -> bool:
 
 def _clipped(x, dy, valid_rows, glu, out, backward: bool) -> None:
     rows, cols = x.shape
+    _check_row(cols, "clipped_swiglu_grad" if backward else "clipped_swiglu")
     half = cols // 2
     n_chunks = triton.cdiv(half, CLIPPED_BLOCK)
     n_programs = triton.cdiv(n_chunks, CLIPPED_CHUNKS)
@@ -268,6 +285,8 @@ def _mx_common(
     16-byte aligned, the grid and the constexprs. ``tile_pairs``: the pairs (forward: output columns, with
     the pad slot) a row spans. Zero-fills ``s2``: the kernels write only the slots that a 32-row block maps
     to."""
+    op = "swiglu_backward_mx_quant_dual_axis" if backward else "swiglu_mx_quant_dual_axis"
+    _check_row(x.shape[-1], op)
     s2.zero_()
     batch, m, _ = x.shape
     num_groups = None if group_ends is None else group_ends.numel()
@@ -298,6 +317,12 @@ def _mx_common(
     if backward:
         consts["DEN_KEY"] = den_key(glu)
     grid = (batch * blocks, triton.cdiv(n_tiles, per_program))
+    if grid[1] > MAX_GRID_Y:  # CUDA's limit of grid axis 1: rows of about 2**24 pairs or more
+        raise ValueError(
+            f"backend 'triton' runs {op} on rows of at most {MAX_GRID_Y * per_program * block_n} pairs here "
+            f"(CUDA's grid limit of {MAX_GRID_Y} programs along a row), got {tile_pairs}; use backend='cpu' "
+            "or 'reference', or split the rows"
+        )
     return aligned, grid, (shape, glu_args, b_pad, tail), consts
 
 

@@ -631,8 +631,9 @@ def _clipped_tile(
 ):  # fmt: skip
     """One tile of ``clipped_swiglu_kernel``; returns the keys of its fast quotients (0 if exact).
 
-    Addresses are a pointer per row at the tile's first pair (64-bit arithmetic once per row: a row may
-    hold 2**31 elements or more) plus 32-bit offsets within the tile, bounded by ``rem``, the pairs left in
+    Addresses are a pointer per row at the tile's first pair (64-bit arithmetic once per row: the tensor
+    may hold 2**31 elements or more; a row holds fewer, ``MAX_ROW_ELEMENTS`` of the launcher, so ``2 * half``
+    and ``2 * p0`` fit 32 bits) plus 32-bit offsets within the tile, bounded by ``rem``, the pairs left in
     the row. Rows past ``valid_rows`` (not ``live``, with ``HAS_MASK``) get +0.0 from a second, predicated
     store of zeros (instead of a select per element: every functor is not +0.0 on the padding)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
