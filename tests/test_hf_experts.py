@@ -240,6 +240,30 @@ def test_unsupported_configs_are_clear_errors():
         qwen3_moe().set_experts_implementation("swiglu_ops_nope")
 
 
+def test_the_activation_check_sees_a_far_bound_and_a_changed_act_fn():
+    """A model's own bound on gate and up beyond the probe's near range (DeepSeek-V4's swiglu_limit = 16,
+    no GPT-OSS alpha: the probe used to span |x| <= 12 only and the wrong activation ran), and an act_fn
+    swapped after the first call (the check was cached by the parameters alone): both refused."""
+    from transformers import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts
+
+    config = DeepseekV4Config(
+        hidden_size=64, moe_intermediate_size=32, num_local_experts=4, swiglu_limit=16.0
+    )
+    experts = DeepseekV4Experts(config)
+    experts.config._experts_implementation = "swiglu_ops"
+    x, idx, w = torch.randn(16, 64), torch.randint(0, 4, (16, 2)), torch.rand(16, 2)
+    with pytest.raises(NotImplementedError, match="gated activation is not"):
+        experts(x, idx, w)
+    model = qwen3_moe("swiglu_ops")
+    training_step(model)  # checked and cached
+    for module in model.modules():
+        if hasattr(module, "act_fn") and hasattr(module, "gate_up_proj"):
+            module.act_fn = torch.nn.GELU()
+    with pytest.raises(NotImplementedError, match="only SiLU is supported"):
+        training_step(model)
+
+
 def test_patch_gpt_oss_and_the_registered_implementation_agree():
     """patch_gpt_oss (the activation swapped inside HF's own paths) and "swiglu_ops" run the same fused
     function: the same step, up to the fp32 tolerance (their GEMM paths are HF's and the same)."""

@@ -29,9 +29,10 @@ Usage::
     model.set_experts_implementation("swiglu_ops_mxfp8")  # and back: "grouped_mm", "eager", ...
 
 Which activation a model computes is read from the module (``GptOssExperts``' ``alpha`` / ``limit``;
-``is_concatenated``) and then **checked**: on its first call (and after its parameters change) each
-expert module runs its class's own ``_apply_gate`` on an fp32 probe (values on both sides of the clamp)
-and compares the fused operator's result with it; another activation (e.g. ``hidden_act="gelu"``) is
+``is_concatenated``) and then **checked**: on its first call (and after its parameters, ``act_fn``'s class
+or ``_apply_gate`` change) each expert module runs its class's own ``_apply_gate`` on an fp32 probe (values
+on both sides of the clamp, and magnitudes up to 2**34, so that a bound of the model's own is seen) and
+compares the fused operator's result with it; another activation (e.g. ``hidden_act="gelu"``) is
 refused with a ``NotImplementedError``, as are experts without a gate, expert parallelism and, for the
 MXFP8 path, dtypes other than bf16 and sizes the MX blocks do not divide. The fused kernels' backend is
 :data:`BACKEND` (``"auto"``), or per module the attribute ``_swiglu_ops_backend`` (which
@@ -93,8 +94,10 @@ def _glu_params(module: torch.nn.Module) -> dict:
         params = dict(alpha=float(module.alpha), limit=float(module.limit), bias=1.0, interleaved=interleaved)
     else:  # silu(gate) * up
         params = dict(alpha=1.0, limit=math.inf, bias=0.0, interleaved=interleaved)
-    if module.__dict__.get(_GLU) != params and _check_activation(module, params):
-        module.__dict__[_GLU] = params
+    # checked again when the parameters, the activation's class or the class's _apply_gate change
+    key = (params, type(getattr(module, "act_fn", None)), type(module)._apply_gate)
+    if module.__dict__.get(_GLU) != key and _check_activation(module, params):
+        module.__dict__[_GLU] = key
     return params
 
 
@@ -106,8 +109,12 @@ def _check_activation(module: torch.nn.Module, params: dict) -> bool:
     if device.type == "meta":  # no data (e.g. built under init_empty_weights): checked on a later call
         return False
     reach = params["limit"] * 1.5 if math.isfinite(params["limit"]) else 12.0
-    probe = torch.linspace(-reach, reach, 96, dtype=torch.float32, device=device).reshape(3, 32)
-    probe = probe[:, torch.randperm(32, generator=torch.Generator().manual_seed(0)).to(device)]
+    near = torch.linspace(-reach, reach, 96, dtype=torch.float32).reshape(3, 32)
+    # and magnitudes up to 2**34, so that a clamp anywhere below them (a model's own bound on gate or up,
+    # e.g. DeepSeek-V4's swiglu_limit without GPT-OSS's alpha) is seen, not only one inside [-12, 12]
+    far = torch.tensor([s * 2.0**k for k in range(4, 36, 2) for s in (1.0, -1.0)], dtype=torch.float32)
+    probe = torch.cat([near, far.reshape(1, 32)])
+    probe = probe[:, torch.randperm(32, generator=torch.Generator().manual_seed(0))].to(device)
     try:
         with torch.no_grad():
             expected = type(module)._apply_gate(module, probe)
