@@ -11,7 +11,11 @@ For every case, in one run on the same machine:
   preallocated ``out=`` tensors reused across calls; ``isa`` names the instruction set of the C kernels
   (the machine's best unless the case asks for another, e.g. ``portable``);
 - ``copy``: a plain ``Tensor.copy_`` of half the op's bytes into a reused buffer, i.e. the same number of
-  bytes read + written (inputs read + outputs written by the op). % of copy roofline = copy time / op time;
+  bytes read + written (inputs read + outputs written by the op), from 2 MiB up rounded down to whole
+  4 KiB pages (at most 4 KiB less): PyTorch splits the copy among its threads at the middle, and a length
+  32 bytes past a multiple of 64 (the 8 int64 group ends) put the second thread's half 16 bytes off its
+  cache lines, every vector access split in two (9-14 % slower, which read as the op beating the copy).
+  % of copy roofline = copy time / op time;
 - ``eager``: the reference backend; ``compiled``: the reference backend's kernel functions under
   ``torch.compile`` (graph breaks allowed: its group loop is Python), for the cases marked as baselines.
   For swiglu_group_grad, grad_weight is a plain ``torch.sum`` there instead of the reference's NumPy-order
@@ -288,7 +292,10 @@ def run_case(
     from .backends import cpu
 
     args, kwargs, kernel_args, outs, nbytes = _prepare(case, gen)
-    src = torch.ones(nbytes // 2, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
+    copy_bytes = nbytes // 2
+    if copy_bytes >= 1 << 20:  # whole pages: every thread's share starts on a cache line (docstring)
+        copy_bytes -= copy_bytes % 4096
+    src = torch.ones(copy_bytes, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
     dst = torch.empty_like(src)
     _progress(f"{case.name}: fused cpu kernel and the copy roofline ({nbytes / 1e6:.0f} MB), in turns")
     saved_threads = torch.get_num_threads()
