@@ -241,18 +241,20 @@ def test_unsupported_configs_are_clear_errors():
 
 
 def test_the_activation_check_sees_a_far_bound_and_a_changed_act_fn():
-    """A model's own bound on gate and up beyond the probe's near range (DeepSeek-V4's swiglu_limit = 16,
-    no GPT-OSS alpha: the probe used to span |x| <= 12 only and the wrong activation ran), and an act_fn
-    swapped after the first call (the check was cached by the parameters alone): both refused."""
-    from transformers import DeepseekV4Config
-    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts
+    """A bound of the class's own on gate and up beyond the probe's near range that no attribute declares
+    (the probe used to span |x| <= 12 only: DeepSeek-V4's swiglu_limit = 16 ran as plain SwiGLU, wrong),
+    and an act_fn swapped after the first call (the check was cached by the parameters alone): both
+    refused."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    config = DeepseekV4Config(
-        hidden_size=64, moe_intermediate_size=32, num_local_experts=4, swiglu_limit=16.0
-    )
-    experts = DeepseekV4Experts(config)
+    class Bounded(Qwen3MoeExperts):
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.act_fn(gate.clamp(max=16.0)) * up.clamp(-16.0, 16.0)
+
+    experts = Bounded(qwen3_moe().config)
     experts.config._experts_implementation = "swiglu_ops"
-    x, idx, w = torch.randn(16, 64), torch.randint(0, 4, (16, 2)), torch.rand(16, 2)
+    x, idx, w = torch.randn(16, 64), torch.randint(0, 8, (16, 2)), torch.rand(16, 2)
     with pytest.raises(NotImplementedError, match="gated activation is not"):
         experts(x, idx, w)
     model = qwen3_moe("swiglu_ops")
@@ -288,3 +290,36 @@ def test_without_a_grouped_mm_kernel_transformers_fallback_op_runs(monkeypatch):
     model.set_experts_implementation("swiglu_ops")
     assert_fp32_parity(training_step(model), expected)
     assert len(calls) == 4  # two GEMMs in each of the two layers
+
+
+@pytest.mark.parametrize("family", ["deepseek_v4", "hy_v4"])
+@pytest.mark.parametrize("limit", [10.0, 16.0])
+def test_clamped_swiglu_experts_match_grouped_mm(family, limit):
+    """DeepSeek-V4's and HY-V4's silu(min(gate, L)) * clip(up, -L, L) (limit / swiglu_limit, no alpha) run
+    on the fused operator as clipped_swiglu with alpha 1 and bias 0: output, input and weight gradients as
+    transformers' grouped_mm computes them (fp32)."""
+    if family == "deepseek_v4":
+        from transformers import DeepseekV4Config as Config
+        from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts as Experts
+    else:
+        from transformers import HYV4Config as Config
+        from transformers.models.hy_v4.modeling_hy_v4 import HYV4Experts as Experts
+    torch.manual_seed(0)
+    experts = Experts(Config(hidden_size=64, moe_intermediate_size=32, num_experts=4, num_local_experts=4,
+                             swiglu_limit=limit))  # fmt: skip
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0.0, 1.0)  # gate and up well past the bound
+        experts.down_proj.normal_(0.0, 0.1)
+    x, idx, w = torch.randn(16, 64), torch.randint(0, 4, (16, 2)), torch.rand(16, 2)
+
+    def run(impl):
+        experts.config._experts_implementation = impl
+        experts.zero_grad()
+        xr = x.clone().requires_grad_()
+        out = experts(xr, idx, w)
+        out.sum().backward()
+        return out.detach(), xr.grad, experts.gate_up_proj.grad.clone(), experts.down_proj.grad.clone()
+
+    want, got = run("grouped_mm"), run("swiglu_ops")
+    for name, a, b in zip(("out", "dx", "d gate_up", "d down"), got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()), msg=name)

@@ -28,11 +28,13 @@ Usage::
     model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="swiglu_ops")
     model.set_experts_implementation("swiglu_ops_mxfp8")  # and back: "grouped_mm", "eager", ...
 
-Which activation a model computes is read from the module (``GptOssExperts``' ``alpha`` / ``limit``;
-``is_concatenated``) and then **checked**: on its first call (and after its parameters, ``act_fn``'s class
-or ``_apply_gate`` change) each expert module runs its class's own ``_apply_gate`` on an fp32 probe (values
-on both sides of the clamp, and magnitudes up to 2**34, so that a bound of the model's own is seen) and
-compares the fused operator's result with it; another activation (e.g. ``hidden_act="gelu"``) is
+Which activation a model computes is read from the module (``GptOssExperts``' ``alpha`` / ``limit``; a
+``limit`` or ``swiglu_limit`` alone, DeepSeek-V4's and HY-V4's ``silu(min(gate, L)) * clip(up, -L, L)``,
+which is ``clipped_swiglu`` with alpha 1 and bias 0; ``is_concatenated``) and then **checked**: on its
+first call (and after its parameters, ``act_fn``'s class or ``_apply_gate`` change) each expert module
+runs its class's own ``_apply_gate`` on an fp32 probe (values on both sides of the clamp, and magnitudes up
+to 2**34, so that a bound of the model's own is seen) and compares the fused operator's result with it;
+another activation (e.g. ``hidden_act="gelu"``) is
 refused with a ``NotImplementedError``, as are experts without a gate, expert parallelism and, for the
 MXFP8 path, dtypes other than bf16 and sizes the MX blocks do not divide. The fused kernels' backend is
 :data:`BACKEND` (``"auto"``), or per module the attribute ``_swiglu_ops_backend`` (which
@@ -90,8 +92,11 @@ def _glu_params(module: torch.nn.Module) -> dict:
             "implementations yet; use 'grouped_mm'"
         )
     interleaved = not getattr(module, "is_concatenated", True)
+    bound = next((v for v in (getattr(module, n, None) for n in ("limit", "swiglu_limit")) if _real(v)), None)
     if hasattr(module, "alpha") and hasattr(module, "limit"):  # GPT-OSS: (up + 1) * clamped glu
         params = dict(alpha=float(module.alpha), limit=float(module.limit), bias=1.0, interleaved=interleaved)
+    elif bound is not None:  # silu(min(gate, L)) * clip(up, -L, L): DeepSeek-V4 (limit), HY-V4 (swiglu_limit)
+        params = dict(alpha=1.0, limit=float(bound), bias=0.0, interleaved=interleaved)
     else:  # silu(gate) * up
         params = dict(alpha=1.0, limit=math.inf, bias=0.0, interleaved=interleaved)
     # checked again when the parameters, the activation's class or the class's _apply_gate change
@@ -99,6 +104,10 @@ def _glu_params(module: torch.nn.Module) -> dict:
     if module.__dict__.get(_GLU) != key and _check_activation(module, params):
         module.__dict__[_GLU] = key
     return params
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _check_activation(module: torch.nn.Module, params: dict) -> bool:
@@ -125,7 +134,11 @@ def _check_activation(module: torch.nn.Module, params: dict) -> bool:
             f"{type(module).__name__}'s gated activation could not be checked on a probe ({exc})"
         ) from exc
     if not same:
-        kind = "GPT-OSS clipped SwiGLU" if params["bias"] else "SwiGLU silu(gate) * up"
+        kind = (
+            "GPT-OSS clipped SwiGLU" if params["bias"]
+            else "SwiGLU silu(gate) * up" if math.isinf(params["limit"])
+            else f"clamped SwiGLU silu(min(gate, {params['limit']:g})) * clip(up, +-{params['limit']:g})"
+        )  # fmt: skip
         layout = "interleaved" if params["interleaved"] else "concatenated [gate | up]"
         act = getattr(module, "act_fn", None)
         raise NotImplementedError(
