@@ -292,21 +292,31 @@ def test_without_a_grouped_mm_kernel_transformers_fallback_op_runs(monkeypatch):
     assert len(calls) == 4  # two GEMMs in each of the two layers
 
 
-@pytest.mark.parametrize("family", ["deepseek_v4", "hy_v4"])
+@pytest.mark.parametrize("family", ["deepseek_v4", "hy_v4", "minimax_m3_vl"])
 @pytest.mark.parametrize("limit", [10.0, 16.0])
 def test_clamped_swiglu_experts_match_grouped_mm(family, limit):
     """DeepSeek-V4's and HY-V4's silu(min(gate, L)) * clip(up, -L, L) (limit / swiglu_limit, no alpha) run
-    on the fused operator as clipped_swiglu with alpha 1 and bias 0: output, input and weight gradients as
+    on the fused operator as clipped_swiglu with alpha 1 and bias 0, MiniMax-M3's GPT-OSS activation on
+    concatenated halves (swiglu_alpha / swiglu_limit) with bias 1: output, input and weight gradients as
     transformers' grouped_mm computes them (fp32)."""
+    sizes = dict(
+        hidden_size=64, moe_intermediate_size=32, num_experts=4, num_local_experts=4, swiglu_limit=limit
+    )
     if family == "deepseek_v4":
         from transformers import DeepseekV4Config as Config
         from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts as Experts
-    else:
+    elif family == "hy_v4":
         from transformers import HYV4Config as Config
         from transformers.models.hy_v4.modeling_hy_v4 import HYV4Experts as Experts
+    else:
+        from transformers.models.minimax_m3_vl.configuration_minimax_m3_vl import (
+            MiniMaxM3VLTextConfig as Config,
+        )
+        from transformers.models.minimax_m3_vl.modeling_minimax_m3_vl import MiniMaxM3VLExperts as Experts
+
+        sizes.update(intermediate_size=32, swiglu_alpha=1.702)
     torch.manual_seed(0)
-    experts = Experts(Config(hidden_size=64, moe_intermediate_size=32, num_experts=4, num_local_experts=4,
-                             swiglu_limit=limit))  # fmt: skip
+    experts = Experts(Config(**sizes))
     with torch.no_grad():
         experts.gate_up_proj.normal_(0.0, 1.0)  # gate and up well past the bound
         experts.down_proj.normal_(0.0, 0.1)

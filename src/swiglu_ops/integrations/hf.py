@@ -28,9 +28,10 @@ Usage::
     model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="swiglu_ops")
     model.set_experts_implementation("swiglu_ops_mxfp8")  # and back: "grouped_mm", "eager", ...
 
-Which activation a model computes is read from the module (``GptOssExperts``' ``alpha`` / ``limit``; a
-``limit`` or ``swiglu_limit`` alone, DeepSeek-V4's and HY-V4's ``silu(min(gate, L)) * clip(up, -L, L)``,
-which is ``clipped_swiglu`` with alpha 1 and bias 0; ``is_concatenated``) and then **checked**: on its
+Which activation a model computes is read from the module (``GptOssExperts``' ``alpha`` / ``limit``, or
+MiniMax-M3's ``swiglu_alpha`` / ``swiglu_limit``; a ``limit`` or ``swiglu_limit`` alone, DeepSeek-V4's
+and HY-V4's ``silu(min(gate, L)) * clip(up, -L, L)``, which is ``clipped_swiglu`` with alpha 1 and bias 0;
+``is_concatenated``) and then **checked**: on its
 first call (and after its parameters, ``act_fn``'s class or ``_apply_gate`` change) each expert module
 runs its class's own ``_apply_gate`` on an fp32 probe (values on both sides of the clamp, and magnitudes up
 to 2**34, so that a bound of the model's own is seen) and compares the fused operator's result with it;
@@ -93,8 +94,12 @@ def _glu_params(module: torch.nn.Module) -> dict:
         )
     interleaved = not getattr(module, "is_concatenated", True)
     bound = next((v for v in (getattr(module, n, None) for n in ("limit", "swiglu_limit")) if _real(v)), None)
-    if hasattr(module, "alpha") and hasattr(module, "limit"):  # GPT-OSS: (up + 1) * clamped glu
-        params = dict(alpha=float(module.alpha), limit=float(module.limit), bias=1.0, interleaved=interleaved)
+    alpha = next(
+        (v for v in (getattr(module, n, None) for n in ("alpha", "swiglu_alpha")) if _number(v)), None
+    )
+    # GPT-OSS (alpha, limit) and MiniMax-M3 (swiglu_alpha, swiglu_limit): (clip(up) + 1) * glu
+    if alpha is not None and bound is not None:
+        params = dict(alpha=float(alpha), limit=float(bound), bias=1.0, interleaved=interleaved)
     elif bound is not None:  # silu(min(gate, L)) * clip(up, -L, L): DeepSeek-V4 (limit), HY-V4 (swiglu_limit)
         params = dict(alpha=1.0, limit=float(bound), bias=0.0, interleaved=interleaved)
     else:  # silu(gate) * up
@@ -106,8 +111,12 @@ def _glu_params(module: torch.nn.Module) -> dict:
     return params
 
 
-def _real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _real(value) -> bool:  # a bound: a positive number (inf included)
+    return _number(value) and value > 0
 
 
 def _check_activation(module: torch.nn.Module, params: dict) -> bool:
