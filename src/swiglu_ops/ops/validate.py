@@ -69,20 +69,30 @@ def needs_dispatch(tensors: dict) -> bool:
     return routed
 
 
+def dtensor_module():
+    """``torch.distributed.tensor`` if it is imported, else None: a DTensor cannot exist before, and importing
+    it costs more than a call (so nothing here imports it)."""
+    return sys.modules.get("torch.distributed.tensor")
+
+
+def is_dtensor(t) -> bool:
+    dtensor = dtensor_module()
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 def check_dtensor_mix(tensors: dict) -> None:
     """A DTensor beside a plain tensor argument of more than one element: DTensor cannot know how the plain
     one is placed (the same values on every rank, or this rank's part?), and answers with a RuntimeError
     from its dispatcher; here it is a ``TypeError`` naming the argument. One-element plain tensors, and any
     inside DTensor's ``implicit_replication()``, are taken as replicated, as DTensor takes them."""
-    dtensor = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
-    if dtensor is None:
-        return
     present = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
-    distributed = [n for n, t in present.items() if isinstance(t, dtensor.DTensor)]
-    if not distributed or getattr(dtensor.DTensor._op_dispatcher, "_allow_implicit_replication", False):
+    distributed = [n for n, t in present.items() if is_dtensor(t)]
+    if not distributed or getattr(
+        dtensor_module().DTensor._op_dispatcher, "_allow_implicit_replication", False
+    ):
         return
     for name, t in present.items():
-        if not isinstance(t, dtensor.DTensor) and not (t.numel() == 1 and t.dim() <= 1):
+        if not is_dtensor(t) and not (t.numel() == 1 and t.dim() <= 1):
             raise TypeError(
                 f"{name} is a plain tensor while {distributed[0]} is a DTensor: pass {name} as a DTensor "
                 f"too (DTensor.from_local({name}, mesh, [Replicate()]) where every rank holds the same "

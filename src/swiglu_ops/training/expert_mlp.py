@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 
 import torch
 
@@ -436,11 +435,10 @@ class _ExpertMLPFunction(torch.autograd.Function):
 def check_bf16(**tensors) -> None:
     """TypeError unless every named tensor is a bfloat16 ``torch.Tensor`` (checked in the given order): the
     expert MLP's operands (leave out an absent optional one)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if dtensor is not None and isinstance(t, dtensor.DTensor):
+        if V.is_dtensor(t):
             raise TypeError(
                 f"{name} is a DTensor: the expert MLP computes on each rank's local tensors; pass "
                 f"{name}.to_local() (swiglu_ops.integrations.torchtitan.FusedGroupedExperts does so under "

@@ -20,7 +20,6 @@ trace under ``torch.compile``.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -69,13 +68,12 @@ def _row_mask(group_index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``row < clamp(sum(group_index), 0, rows)`` over x's flattened rows, as a tensor that combines with
     x: for a DTensor x a replicated DTensor on x's mesh (a DTensor ``group_index``, a few counts, read whole
     on every rank)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")  # a DTensor cannot exist before it is imported
-    if dtensor is not None and isinstance(group_index, dtensor.DTensor):
+    if V.is_dtensor(group_index):
         group_index = group_index.full_tensor()
     rows = math.prod(x.shape[:-1])
     valid = torch.arange(rows, device=group_index.device) < V.valid_rows(group_index, rows)
-    if dtensor is not None and isinstance(x, dtensor.DTensor):
-        mesh = x.device_mesh
+    if V.is_dtensor(x):
+        dtensor, mesh = V.dtensor_module(), x.device_mesh
         valid = dtensor.DTensor.from_local(valid, mesh, [dtensor.Replicate()] * mesh.ndim, run_check=False)
     return valid
 
