@@ -942,7 +942,10 @@ def _y2_token_row(ptr, q, ok, ROW: tl.constexpr, E5M2: tl.constexpr):
         asm: tl.constexpr = (_Y2_E5M2_0, _Y2_E5M2_1, _Y2_E5M2_2, _Y2_E5M2_3)[ROW]
     else:
         asm: tl.constexpr = (_Y2_E4M3_0, _Y2_E4M3_1, _Y2_E4M3_2, _Y2_E4M3_3)[ROW]
-    tl.inline_asm_elementwise(asm, "=r,l,r,r", [ptr, q, ok], dtype=tl.int32, is_pure=False, pack=1)
+    # q goes in as its bits: Triton 3.6 and older broadcast inline-asm operands pairwise with the pointer's
+    # type check, which refuses a float beside a pointer (the PTX reads the same 32-bit register either way)
+    q_bits = q.to(tl.int32, bitcast=True)
+    tl.inline_asm_elementwise(asm, "=r,l,r,r", [ptr, q_bits, ok], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
