@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from swiglu_ops.numerics.tolerances import FP32_ULPS, GRAD_WEIGHT_RTOL, allowed_near_ties
+from swiglu_ops.numerics.tolerances import FP32_ULPS, GRAD_WEIGHT_RTOL, allowed_near_ties, relative_scale
 
 _INT_VIEW = {
     torch.float32: torch.int32,
@@ -168,7 +168,7 @@ def assert_relative(
     _check_meta(actual, expected, name)
     keep = _check_nans(actual, expected, name)
     a, e = actual.double(), expected.double()
-    scale = e.abs() if magnitude is None else torch.maximum(e.abs(), magnitude.reshape(e.shape).double())
+    scale = relative_scale(expected, magnitude)
     inf = torch.isinf(e) | torch.isinf(a)
     close = torch.where(inf, a == e, (a - e).abs() <= rtol * scale)
     bad = keep & ~close

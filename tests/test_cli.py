@@ -35,6 +35,24 @@ def test_verify_passes_for_every_available_backend(capsys):
     assert "verify: ok" in capsys.readouterr().out
 
 
+def test_verify_measures_grad_weight_at_the_summed_terms_size():
+    """A grad_weight row whose terms cancel is only reproducible, in another summation order, relative to
+    its terms' size (the contract; the test comparators' rule): verify measures it there, not at the sum."""
+    import torch
+
+    grad_y = torch.tensor([[1.0, -1.0, 0.5], [2.0, 1.0, 1.0]], dtype=torch.bfloat16)
+    y_origin = torch.tensor([[3.0, 2.9990234375, 0.0], [1.0, 1.0, 1.0]], dtype=torch.bfloat16)
+    values = {"grad_y": grad_y, "y_origin": y_origin}
+    want = (grad_y.double() * y_origin.double()).sum(-1).float()  # row 0: 3 - 2.999 = 0.00098 (terms ~6)
+    magnitude = torch.tensor([6.0, 4.0], dtype=torch.float64)
+    off_by = lambda rel: (want.double() + rel * magnitude).float()  # noqa: E731
+    assert cli._close("grad_weight", off_by(2e-6), want, values)[
+        1
+    ]  # 1.2e-2 of row 0's sum, 2e-6 of its terms
+    assert not cli._close("grad_weight", off_by(5e-5), want, values)[1]
+    assert not cli._close("grad_weight", off_by(2e-6), want, {"grad_y": grad_y, "y_origin": None})[1]
+
+
 def test_usage_and_unknown_command(capsys):
     assert cli.main(["--help"]) == 0
     assert cli.main(["frobnicate"]) == 2

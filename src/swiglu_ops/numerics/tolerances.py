@@ -16,6 +16,23 @@ FP32_ULPS = 4
 GRAD_WEIGHT_RTOL = 1e-5
 
 
+def relative_scale(want: torch.Tensor, magnitude: torch.Tensor | None = None) -> torch.Tensor:
+    """What a grad_weight difference is measured against (float64, want's shape): ``|want|``, or for a sum
+    the larger of ``|want|`` and ``magnitude``, the sum of its terms' magnitudes (a sum that cancels to almost
+    nothing can only be reproduced in another summation order relative to its terms' size)."""
+    scale = want.double().abs()
+    return scale if magnitude is None else torch.maximum(scale, magnitude.reshape(want.shape).double())
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor, magnitude: torch.Tensor | None = None) -> float:
+    """The largest ``|got - want| / relative_scale(want, magnitude)`` of finite values (0.0 where both are
+    0); compare it with ``GRAD_WEIGHT_RTOL``."""
+    scale = relative_scale(want, magnitude)
+    diff = (got.double() - want.double()).abs()
+    rel = torch.where(diff == 0, 0.0, diff / scale)
+    return float(rel.max()) if rel.numel() else 0.0
+
+
 def allowed_near_ties(numel: int) -> int:
     """How many elements of a tensor may sit one unit away from the reference.
 
