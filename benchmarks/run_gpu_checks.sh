@@ -2,10 +2,12 @@
 # Everything the Triton backend needs checked on a CUDA GPU, in one command that fits a 10-minute lease
 # (TOTAL_S, default 560 s, caps the steps): the SASS counts of the launched kernels (benchmarks/sass_budget.py,
 # compiled for this GPU's arch in the background), the backend's test file on CUDA tensors, `swiglu-ops
-# verify`, then benchmarks/bench_triton.py (every operator: conformance at realistic sizes and > 2**31
-# elements, timings against the copy roofline at the README and MoE model shapes next to the issue model's
-# prediction, the compiled reference). Extra arguments go to bench_triton.py (e.g. --tune; it needs a longer
-# TOTAL_S). Logs and JSON go to $OUT (default: ./gpu-results); copy them into benchmarks/results/ afterwards.
+# verify` on both conversion paths, then benchmarks/bench_triton.py twice: first on the opt-in HW_CVT path
+# (SWIGLU_OPS_TRITON_HW_CVT=1; conformance and timings, no compiled baselines), then on the default path
+# (conformance at realistic sizes and > 2**31 elements, timings against the copy roofline at the README and
+# MoE model shapes next to the issue model's prediction, the compiled reference). Extra arguments go to the
+# default path's bench_triton.py (e.g. --tune; it needs a longer TOTAL_S). Logs and JSON go to $OUT
+# (default: ./gpu-results); copy them into benchmarks/results/gpu/ afterwards.
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"
@@ -24,17 +26,24 @@ regex=$(python3 benchmarks/bench_triton.py --sass-regex)
 timeout 180 python3 benchmarks/sass_budget.py --arch "$arch" --only "$regex" --workers 8 \
     --json "$OUT/sass_budget.json" >"$OUT/sass_budget.log" 2>&1 &
 sass_pid=$!
-timeout "$(( $(left) < ${PYTEST_TIMEOUT:-210} ? $(left) : ${PYTEST_TIMEOUT:-210} ))" \
-    python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py 2>&1 \
+# (the file took 125 s on an H100 with a cold kernel cache beside the SASS step)
+timeout "$(( $(left) < ${PYTEST_TIMEOUT:-270} ? $(left) : ${PYTEST_TIMEOUT:-270} ))" \
+    python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/test_triton_backend.py 2>&1 \
     | tee "$OUT/pytest.log" | tail -25 || status=1
 timeout 90 python3 -m swiglu_ops verify --device cuda 2>&1 | tee "$OUT/verify.log" || status=1
+SWIGLU_OPS_TRITON_HW_CVT=1 timeout 90 python3 -m swiglu_ops verify --device cuda 2>&1 \
+    | tee "$OUT/verify_hw.log" || status=1
 wait "$sass_pid" || echo "sass_budget.py failed (see $OUT/sass_budget.log): no predicted % unless benchmarks/results/sass_budget.json exists"
 tail -3 "$OUT/sass_budget.log"
 sass=()
 [ -s "$OUT/sass_budget.json" ] && sass=(--sass "$OUT/sass_budget.json")
+hw_s=$(( $(left) / 3 ))
+(( hw_s < 90 )) && hw_s=90
+SWIGLU_OPS_TRITON_HW_CVT=1 timeout "$hw_s" python3 benchmarks/bench_triton.py --json "$OUT/bench_hw.json" \
+    --no-baselines "${sass[@]}" 2>&1 | tee "$OUT/bench_hw.log" | grep -v "^\[.*tune" || status=1
 bench_s=$(( $(left) - 5 ))
 (( bench_s < 120 )) && bench_s=120  # the steps before overran: the bench still gets its checks and timings
 timeout "$bench_s" python3 benchmarks/bench_triton.py --json "$OUT/bench.json" --budget $((bench_s - 90)) \
     "${sass[@]}" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^\[.*tune" || status=1
-echo "run_gpu_checks: status $status after ${SECONDS} s; results in $OUT/ (copy them into benchmarks/results/)"
+echo "run_gpu_checks: status $status after ${SECONDS} s; results in $OUT/ (copy them into benchmarks/results/gpu/)"
 exit $status
