@@ -642,6 +642,22 @@ def test_availability_contract():
         )
 
 
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("3.5.0", True), ("3.5.1", True), ("3.6.0+git1a2b", True), ("3.10.0", True), ("4.0.0rc1", True),
+     ("3.4.0", False), ("3.2.0", False), ("2.3.1", False), ("3", False)],
+)  # fmt: skip
+def test_triton_older_than_the_floor_is_unavailable_with_the_reason(monkeypatch, version, ok):
+    """Triton releases before MIN_TRITON refuse parts of the kernels at their first launch: the backend is
+    unavailable with that reason instead ("auto" then falls back with a warning; "triton" is an error)."""
+    assert triton_backend.triton_version_ok(version) is ok
+    monkeypatch.setattr(triton_backend.triton, "__version__", version)
+    for device in ("cuda", "cpu"):
+        available, why = triton_backend.is_available(device)
+        if not ok:
+            assert not available and f"needs Triton >= 3.5 (installed: {version})" in why
+
+
 def test_hw_conversions_are_opt_in(monkeypatch):
     """The PTX conversion path (swiglu_ops.triton.HW_CONVERSIONS) is off unless asked for."""
     assert triton_backend.HW_CONVERSIONS is (os.environ.get("SWIGLU_OPS_TRITON_HW_CVT") == "1")

@@ -39,12 +39,12 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 #: are codes, held to the contract's near-tie rule: ``_kernels._quotient``): 3.4-3.7x fewer SASS
 #: instructions per element in the quantizers (benchmarks/sass_budget.py). Off by default until it has run
 #: on a GPU: the backward and elementwise kernels compute the same bits as the integer path by the PTX
-#: specification and ptxas's own expansions, but only the integer path has been checked on hardware (H200,
-#: bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in. Under the interpreter it
-#: selects the same kernels with each PTX piece emulated (the integer conversions, an exact reciprocal that
-#: is NaN wherever the PTX one might be inexact, the forward's quotient with a correctly rounded
-#: reciprocal), which must give the default path's bytes, the MX forward's within the near-tie rule
-#: (tests/test_triton_backend.py).
+#: specification and ptxas's own expansions, but only the integer path has been checked on hardware (H200
+#: and H100, bit-exact). Set ``SWIGLU_OPS_TRITON_HW_CVT=1`` (or this attribute) to opt in. Under the
+#: interpreter it selects the same kernels with each PTX piece emulated (the integer conversions, an exact
+#: reciprocal that is NaN wherever the PTX one might be inexact, the forward's quotient with a correctly
+#: rounded reciprocal), which must give the default path's bytes, the MX forward's within the near-tie
+#: rule (tests/test_triton_backend.py).
 def hw_conversions_from_env(value: str | None) -> bool:
     """``SWIGLU_OPS_TRITON_HW_CVT``: unset, "" or "0" = off, "1" = on; anything else is an error."""
     if value in (None, "", "0", "1"):
@@ -106,8 +106,28 @@ def group_grad_maxnreg(aligned: bool) -> int | None:
     return GROUP_GRAD_MAXNREG if aligned else None
 
 
+#: The oldest Triton whose front end builds every kernel (tests/test_triton_compile.py builds them with it;
+#: pyproject.toml's floor): torch 2.9's. Older releases refuse parts of the kernels' code.
+MIN_TRITON = (3, 5)
+
+
+def triton_version_ok(version: str) -> bool:
+    """Whether a Triton ``__version__`` string (``3.5.1``, ``3.6.0+git...``) is at least ``MIN_TRITON``."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) >= MIN_TRITON
+
+
 def is_available(device) -> tuple[bool, str]:
     device = torch.device(device)
+    if not triton_version_ok(triton.__version__):
+        need = ".".join(map(str, MIN_TRITON))
+        return (
+            False,
+            f"needs Triton >= {need} (installed: {triton.__version__}); pip install 'triton>={need}'",
+        )
     if device.type == "cuda":
         if INTERPRETED:
             return False, "TRITON_INTERPRET=1 was set when swiglu_ops.backends.triton was imported"

@@ -1637,7 +1637,7 @@ def swiglu_bwd_mx_quant_kernel(
         # Rare: some fast reciprocal of these tiles may be inexact. All of them again on the exact path, in
         # tiles of 32 pairs (the exact path's branches need more registers: at 64 pairs the chunked tile's
         # redo alone takes ptxas past 255 registers).
-        SPLIT: tl.constexpr = max(BLOCK_N // 32, 1)
+        SPLIT: tl.constexpr = (BLOCK_N + 31) // 32  # BLOCK_N a power of 2: max(BLOCK_N // 32, 1)
         if worst >= SLOW_KEY:
             _cold_path_marker(worst)
             for tile in range(SPLIT * t0, SPLIT * t1):  # (grad_weight's parts do not depend on FAST)
