@@ -665,7 +665,8 @@ def run_baselines(cases: list[dict], rows: list[dict], budget: float, save) -> N
 
 
 def _print_table(result: dict) -> None:
-    print(f"\n{result['device']}  (predicted: benchmarks/sass_budget.py issue model, serial/overlap bound)")
+    path = "HW_CVT path" if result.get("hw_cvt") else "integer path"
+    print(f"\n{result['device']}, {path}  (predicted: sass_budget.py's issue model, serial/overlap bound)")
     header = ("op", "model", "shape", "G", "MB", "ms", "GB/s", "% copy", "pred %", "comp. ref ms", "speedup")
     print("{:<20} {:<14} {:>11} {:>4} {:>8} {:>8} {:>6} {:>7} {:>9} {:>12} {:>8}".format(*header))
     for r in result["bench"]:
@@ -704,13 +705,19 @@ def main(argv=None) -> int:
         return 0
     import triton
 
+    from swiglu_ops.backends import triton as tb
+
     if SMOKE:
         device, arch = "cpu (smoke run, Triton interpreter)", 90
     else:
         device, (major, minor) = torch.cuda.get_device_name(), torch.cuda.get_device_capability()
         arch = 10 * major + minor
-    _log(f"{device}, torch {torch.__version__}, triton {triton.__version__}")
-    result: dict = {"device": device, "arch": arch, "torch": torch.__version__, "triton": triton.__version__}
+    path = "HW_CVT (PTX conversions, opt-in)" if tb.HW_CONVERSIONS else "integer (default)"
+    _log(f"{device}, torch {torch.__version__}, triton {triton.__version__}, conversion path: {path}")
+    result: dict = {
+        "device": device, "arch": arch, "torch": torch.__version__, "triton": triton.__version__,
+        "hw_cvt": tb.HW_CONVERSIONS,
+    }  # fmt: skip
 
     def save():
         if args.json:
