@@ -18,12 +18,14 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA and "swiglu_ops.backends.triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 import swiglu_ops  # noqa: E402
 from swiglu_ops.backends import reference as reference_backend  # noqa: E402
 from swiglu_ops.backends import triton as triton_backend  # noqa: E402
 from swiglu_ops.backends.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
+from swiglu_ops.backends.triton._kernels import ROUND_MODES, _fp4_code  # noqa: E402
 from swiglu_ops.numerics import mx  # noqa: E402
 from swiglu_ops.numerics.glu import SWIGLU  # noqa: E402
 from swiglu_ops.ops import registry  # noqa: E402
@@ -630,6 +632,50 @@ def test_group_grad_is_deterministic():
     first = swiglu_ops.swiglu_group_grad(*args, backend="triton")
     second = swiglu_ops.swiglu_group_grad(*args, backend="triton")
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+@triton.jit
+def _fp4_encode_kernel(t_ptr, out_ptr, n, mbits, ROUND: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(t_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, _fp4_code(t, mbits, ROUND), mask=offs < n)
+
+
+def _fp4_code_inputs() -> torch.Tensor:
+    """fp32 values for the FP4 encoder: every bf16 bit pattern widened (every exponent, both signs, zeros,
+    subnormals, inf, NaN); every value of both grids, every midpoint between neighbours (the ties) and the
+    binade edges 2, 4, 8, each with both fp32 neighbours, both signs; random values on [-10, 10] and
+    random bit patterns."""
+    gen = torch.Generator().manual_seed(7)
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    grid = torch.tensor(sorted({k / 4 for k in range(8)} | {0.5 * k for k in range(5)} | {3.0, 4.0, 6.0}))
+    points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, torch.tensor([2.0, 4.0, 6.5, 7.0, 8.0, 1.875])])
+    inf = torch.tensor(float("inf"))
+    near = torch.cat([points, torch.nextafter(points, inf), torch.nextafter(points, -inf)])
+    randoms = (torch.rand(100_000, generator=gen) - 0.5) * 20
+    bits = torch.randint(-(2**31), 2**31 - 1, (100_000,), generator=gen, dtype=torch.int32).view(
+        torch.float32
+    )
+    return torch.cat([patterns, near, -near, randoms, bits])
+
+
+@pytest.mark.skipif(not IN_PROCESS, reason=WHY_NOT)
+@pytest.mark.parametrize("round_mode", ["rint", "round", "floor"])
+@pytest.mark.parametrize("fmt", [mx.E2M1, mx.E1M2], ids=["e2m1", "e1m2"])
+def test_fp4_encoder_is_mx_encode_for_every_fp32_value_class(fmt, round_mode):
+    """The kernels' FP4 encoder (``_kernels._fp4_code``: fp32 arithmetic over three binades) against the
+    readable rule (``mx.encode``) on every 16-bit pattern, every grid value, tie and binade edge with both
+    neighbours, and random fp32 values and bit patterns: the same nibble for each."""
+    t = _fp4_code_inputs()
+    got = torch.empty(t.numel(), dtype=torch.int32, device=DEVICE)
+    block = 8192
+    grid = (triton.cdiv(t.numel(), block),)
+    _fp4_encode_kernel[grid](
+        t.to(DEVICE), got, t.numel(), fmt.mbits, ROUND=ROUND_MODES[round_mode], BLOCK=block
+    )
+    want = mx.encode(t, fmt, round_mode).to(torch.int32)
+    bad = (got.cpu() != want).nonzero().flatten()
+    assert bad.numel() == 0, [(t[i].item(), got[i].item(), want[i].item()) for i in bad[:8]]
 
 
 def test_availability_contract():

@@ -15,8 +15,9 @@ The pieces, mirroring the C backend (``cpu/csrc/glu.h``, ``mx.h``, ``numerics.h`
   elements (constexpr ``INTERLEAVED``: one contiguous vector load split in registers), A being the first or
   the second (``a_index``), for the elementwise tiles and the MX tiles alike;
 - the MX quantisation of a tile of 32 rows x 32-column blocks along both axes (``_mx_row_block``,
-  ``_mx_quantize``: scale codes, element codes, FP4 nibble packing), shared by both MX kernels; the FP8 and
-  FP4 element encoders are one integer transcription of ``mx.encode`` (``_elem_code_int``).
+  ``_mx_quantize``: scale codes, element codes, FP4 nibble packing), shared by both MX kernels; the
+  element encoders transcribe ``mx.encode``: FP8 in int32 on the IEEE bits (``_fp8_code_int``; ``HW_CVT``
+  converts instead), FP4 in exact fp32 arithmetic over its three binades (``_fp4_code``).
 
 Every numeric rule mirrors :mod:`swiglu_ops.numerics.mx` and the reference backend, written so that it
 computes the same bits on a GPU and under ``TRITON_INTERPRET=1``:
@@ -860,11 +861,11 @@ def _scale_code(amax, inv_max, emax, SCALE_ALG: tl.constexpr, FP4: tl.constexpr)
 
 
 @triton.jit
-def _elem_code_int(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.constexpr):
-    """``mx.encode`` of fp32 ``t`` into an FP8 or FP4 element code (int32; FP4: a nibble, sign 0x8):
-    ``t`` rounded on the format's grid (quantum ``2**(max(e, emin) - mbits)``) by ``ROUND`` (FP8: RINT),
-    finite magnitudes past the largest code saturate, the sign bit is t's (-0 and negative values that
-    round to 0 keep it), NaN -> 0. Integer arithmetic on the IEEE bits, so exact for every fp32 ``t``."""
+def _fp8_code_int(t, mbits, bias, max_code):
+    """``mx.encode`` of fp32 ``t`` into an FP8 element code (int32): ``t`` rounded on the format's grid
+    (quantum ``2**(max(e, emin) - mbits)``), ties to even, finite magnitudes past the largest code
+    saturate, the sign bit is t's (-0 and negative values that round to 0 keep it), NaN -> 0. Integer
+    arithmetic on the IEEE bits, so exact for every fp32 ``t`` (the default path; ``HW_CVT`` converts)."""
     bits = t.to(tl.int32, bitcast=True)
     a = bits & 0x7FFFFFFF
     exp_field = a >> 23
@@ -876,20 +877,49 @@ def _elem_code_int(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.conste
     q = mant >> shift
     rem = mant - (q << shift)
     half = tl.where(shift > 0, 1 << tl.maximum(shift - 1, 0), 0)
-    if ROUND == ROUND_RINT:
-        up = (rem > half) | ((rem == half) & (shift > 0) & ((q & 1) == 1))
-    elif ROUND == ROUND_HALF_AWAY:
-        up = (rem >= half) & (shift > 0)
-    else:  # floor of the signed value: a negative value with a remainder moves its magnitude up
-        up = (bits < 0) & (rem > 0)
-    q += up.to(tl.int32)
+    q += ((rem > half) | ((rem == half) & (shift > 0) & ((q & 1) == 1))).to(tl.int32)
     code = tl.where(e >= emin, ((e + bias - 1) << mbits) + q, q)
     code = tl.minimum(code, max_code)
-    if FP4:
-        sign = (bits >> 28) & 0x8
-    else:
-        sign = (bits >> 24) & 0x80
-    return tl.where(a > 0x7F800000, 0, code | sign)
+    return tl.where(a > 0x7F800000, 0, code | ((bits >> 24) & 0x80))
+
+
+#: 1.5 * 2**23: ``(y + _RNE_MAGIC) - _RNE_MAGIC`` is ``y`` rounded to an integer, ties to even, for
+#: |y| < 2**22 (the sum lies in [2**23, 2**24), where the fp32 step is 1).
+_RNE_MAGIC = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def _fp4_code(t, mbits, ROUND: tl.constexpr):
+    """``mx.encode`` of fp32 ``t`` into an FP4 nibble (sign 0x8), E2M1 (``mbits`` 1) or E1M2 (``mbits`` 2),
+    both with bias 1 and largest code 7, by fp32 arithmetic: the nibbles of ``mx.encode`` for every fp32
+    ``t`` (tests/test_triton_backend.py checks it over every 16-bit pattern, every tie and its
+    neighbours), in fewer instructions than an integer transcription.
+
+    Both formats' grids have the quantum ``2**(max(e, 0) - mbits)`` for ``|t|`` in ``[2**e, 2**(e + 1))``:
+    on ``[0, 2)`` ``2**-mbits``, on ``[2, 4)`` twice it, on ``[4, 8)`` four times (and from 8 on every value
+    saturates: E2M1's largest is 6, E1M2's 1.75). So ``y = |t| / quantum`` (exact: a power of two) rounded
+    to an integer by ``ROUND``, plus the code of the binade's first value (0, ``2**mbits``,
+    ``2**(mbits + 1)``), capped at 7, is the code; a carry into the next binade lands on its first code.
+    The rounding is exact in fp32 (|y| <= 16): ties to even by adding and subtracting 1.5 * 2**23; ties
+    away from zero from it where ``y`` lies exactly half-way (``y - rn`` is exact); ``floor`` (the signed
+    value rounded down: a negative value's magnitude goes up) on ``y`` with t's sign. NaN gives 0."""
+    bits = t.to(tl.int32, bitcast=True)
+    nan = t != t
+    x = tl.where(nan, 0.0, tl.minimum(tl.abs(t), 8.0))  # +-inf and everything from 8 on saturate alike
+    fine = (1 << mbits).to(tl.float32)  # 1 / quantum on [0, 2)
+    lt2 = x < 2.0
+    lt4 = x < 4.0
+    y = x * tl.where(lt2, fine, tl.where(lt4, fine * 0.5, fine * 0.25))
+    first = tl.where(lt2, 0.0, tl.where(lt4, fine, fine * 2.0))
+    if ROUND == ROUND_FLOOR:  # the signed value
+        y = (y.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
+    r = (y + _RNE_MAGIC) - _RNE_MAGIC
+    if ROUND == ROUND_HALF_AWAY:
+        r += tl.where(y - r == 0.5, 1.0, 0.0)
+    elif ROUND == ROUND_FLOOR:
+        r = tl.abs(r - tl.where(r > y, 1.0, 0.0))
+    code = tl.minimum(r + first, 7.0).to(tl.int32)
+    return tl.where(nan, 0, code | ((bits >> 28) & 0x8))
 
 
 def _cvt_fp8x2(fmt: str) -> str:
@@ -1044,7 +1074,7 @@ def _mx_codes(
             return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E4M3X4_MASKED)
     q = _mx_products(v, recip, code_s)
     if FP4:
-        code = _elem_code_int(q, mbits, bias, max_code, True, ROUND)
+        code = _fp4_code(q, mbits, ROUND)
         if ROUND == ROUND_FLOOR:
             code = tl.where((q == 0.0) & (v < 0.0) & (recip > 0.0) & ~nonfinite, 0x9, code)
     elif HW_CVT and not _INTERPRETED:
@@ -1053,7 +1083,7 @@ def _mx_codes(
         else:
             code = _cvt_fp8x4(q, _CVT_E4M3X4)
     else:
-        code = _elem_code_int(q, mbits, bias, max_code, False, ROUND_RINT).to(tl.uint8)
+        code = _fp8_code_int(q, mbits, bias, max_code).to(tl.uint8)
     return code
 
 
