@@ -25,7 +25,7 @@ import swiglu_ops  # noqa: E402
 from swiglu_ops.backends import reference as reference_backend  # noqa: E402
 from swiglu_ops.backends import triton as triton_backend  # noqa: E402
 from swiglu_ops.backends.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
-from swiglu_ops.backends.triton._kernels import ROUND_MODES, _fp4_code  # noqa: E402
+from swiglu_ops.backends.triton._kernels import ROUND_MODES, _fp4_code, _fp8_code  # noqa: E402
 from swiglu_ops.numerics import mx  # noqa: E402
 from swiglu_ops.numerics.glu import SWIGLU  # noqa: E402
 from swiglu_ops.ops import registry  # noqa: E402
@@ -641,22 +641,68 @@ def _fp4_encode_kernel(t_ptr, out_ptr, n, mbits, ROUND: tl.constexpr, BLOCK: tl.
     tl.store(out_ptr + offs, _fp4_code(t, mbits, ROUND), mask=offs < n)
 
 
+@triton.jit
+def _fp8_encode_kernel(t_ptr, out_ptr, n, E5M2: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(t_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, _fp8_code(t, E5M2), mask=offs < n)
+
+
+def _with_neighbours(points: torch.Tensor) -> torch.Tensor:
+    """``points`` (fp32), each with both fp32 neighbours, both signs."""
+    inf = torch.tensor(float("inf"))
+    near = torch.cat([points, torch.nextafter(points, inf), torch.nextafter(points, -inf)])
+    return torch.cat([near, -near])
+
+
+def _random_fp32(gen: torch.Generator, scale: float) -> torch.Tensor:
+    """Uniform values on [-scale, scale] and random bit patterns, 100,000 each."""
+    values = (torch.rand(100_000, generator=gen) - 0.5) * (2 * scale)
+    bits = torch.randint(-(2**31), 2**31 - 1, (100_000,), generator=gen, dtype=torch.int32)
+    return torch.cat([values, bits.view(torch.float32)])
+
+
+_BF16_PATTERNS = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+
+
+def _fp8_code_inputs(fmt) -> torch.Tensor:
+    """fp32 values for an FP8 encoder: every bf16 bit pattern widened (every exponent, both signs, zeros,
+    subnormals, inf, NaN); every finite code's value and every midpoint between neighbouring values (the
+    ties, and past the largest value), each with both fp32 neighbours and both signs; the fp32 subnormal
+    edge; random values within the format's range and random bit patterns."""
+    values = mx.decode(torch.arange(0, 0x80, dtype=torch.uint8), fmt).double()
+    values = values[values.isfinite() & (values <= fmt.max_value)].unique()
+    ties = (values[1:] + values[:-1]) / 2
+    past = torch.tensor([fmt.max_value * 1.0625, fmt.max_value * 1.125, 2.0**16, 2.0**-149, 2.0**-126])
+    points = torch.cat([values, ties, past.double()]).float()
+    gen = torch.Generator().manual_seed(8)
+    return torch.cat([_BF16_PATTERNS, _with_neighbours(points), _random_fp32(gen, fmt.max_value * 1.25)])
+
+
+@pytest.mark.skipif(not IN_PROCESS, reason=WHY_NOT)
+@pytest.mark.parametrize("fmt", [mx.E4M3FN, mx.E5M2], ids=["e4m3", "e5m2"])
+def test_fp8_encoder_is_mx_encode_for_every_fp32_value_class(fmt):
+    """The default path's FP8 encoder (``_kernels._fp8_code``: fp32 arithmetic, the quantum from the
+    exponent) against the readable rule (``mx.encode``) on every 16-bit pattern, every code's value and
+    every tie with both neighbours, and random fp32 values and bit patterns: the same code for each."""
+    t = _fp8_code_inputs(fmt)
+    got = torch.empty(t.numel(), dtype=torch.int32, device=DEVICE)
+    grid = (triton.cdiv(t.numel(), 8192),)
+    _fp8_encode_kernel[grid](t.to(DEVICE), got, t.numel(), fmt is mx.E5M2, BLOCK=8192)
+    want = mx.encode(t, fmt).to(torch.int32)
+    bad = (got.cpu() != want).nonzero().flatten()
+    assert bad.numel() == 0, [(t[i].item(), got[i].item(), want[i].item()) for i in bad[:8]]
+
+
 def _fp4_code_inputs() -> torch.Tensor:
     """fp32 values for the FP4 encoder: every bf16 bit pattern widened (every exponent, both signs, zeros,
     subnormals, inf, NaN); every value of both grids, every midpoint between neighbours (the ties) and the
     binade edges 2, 4, 8, each with both fp32 neighbours, both signs; random values on [-10, 10] and
     random bit patterns."""
-    gen = torch.Generator().manual_seed(7)
-    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     grid = torch.tensor(sorted({k / 4 for k in range(8)} | {0.5 * k for k in range(5)} | {3.0, 4.0, 6.0}))
     points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, torch.tensor([2.0, 4.0, 6.5, 7.0, 8.0, 1.875])])
-    inf = torch.tensor(float("inf"))
-    near = torch.cat([points, torch.nextafter(points, inf), torch.nextafter(points, -inf)])
-    randoms = (torch.rand(100_000, generator=gen) - 0.5) * 20
-    bits = torch.randint(-(2**31), 2**31 - 1, (100_000,), generator=gen, dtype=torch.int32).view(
-        torch.float32
-    )
-    return torch.cat([patterns, near, -near, randoms, bits])
+    gen = torch.Generator().manual_seed(7)
+    return torch.cat([_BF16_PATTERNS, _with_neighbours(points), _random_fp32(gen, 10.0)])
 
 
 @pytest.mark.skipif(not IN_PROCESS, reason=WHY_NOT)

@@ -16,8 +16,8 @@ The pieces, mirroring the C backend (``cpu/csrc/glu.h``, ``mx.h``, ``numerics.h`
   the second (``a_index``), for the elementwise tiles and the MX tiles alike;
 - the MX quantisation of a tile of 32 rows x 32-column blocks along both axes (``_mx_row_block``,
   ``_mx_quantize``: scale codes, element codes, FP4 nibble packing), shared by both MX kernels; the
-  element encoders transcribe ``mx.encode``: FP8 in int32 on the IEEE bits (``_fp8_code_int``; ``HW_CVT``
-  converts instead), FP4 in exact fp32 arithmetic over its three binades (``_fp4_code``).
+  element encoder transcribes ``mx.encode`` in exact fp32 arithmetic for FP8 and FP4 alike
+  (``_elem_code``; for FP8 ``HW_CVT`` converts instead).
 
 Every numeric rule mirrors :mod:`swiglu_ops.numerics.mx` and the reference backend, written so that it
 computes the same bits on a GPU and under ``TRITON_INTERPRET=1``:
@@ -861,65 +861,67 @@ def _scale_code(amax, inv_max, emax, SCALE_ALG: tl.constexpr, FP4: tl.constexpr)
 
 
 @triton.jit
-def _fp8_code_int(t, mbits, bias, max_code):
-    """``mx.encode`` of fp32 ``t`` into an FP8 element code (int32): ``t`` rounded on the format's grid
-    (quantum ``2**(max(e, emin) - mbits)``), ties to even, finite magnitudes past the largest code
-    saturate, the sign bit is t's (-0 and negative values that round to 0 keep it), NaN -> 0. Integer
-    arithmetic on the IEEE bits, so exact for every fp32 ``t`` (the default path; ``HW_CVT`` converts)."""
+def _elem_code(t, mbits, bias, max_code, x_max, SIGN_SHIFT: tl.constexpr, ROUND: tl.constexpr):
+    """``mx.encode`` of fp32 ``t`` into an element code (int32): FP8 (E4M3, E5M2: ``SIGN_SHIFT`` 24, the
+    sign in bit 7, ``ROUND`` RINT) or an FP4 nibble (E2M1, E1M2: ``SIGN_SHIFT`` 28, sign 0x8, any round
+    mode). ``t`` is rounded on the format's grid (quantum ``2**(max(e, emin) - mbits)``, emin = 1 - bias),
+    finite magnitudes past the largest code and +-inf saturate (``x_max``: a magnitude from which every
+    value saturates), the sign bit is t's (-0 and negative values that round to 0 keep it), NaN -> 0.
+
+    Exact fp32 arithmetic, so the same bits for every fp32 ``t`` on a GPU and in the interpreter
+    (tests/test_triton_backend.py checks every 16-bit pattern, every code's value and every tie with its
+    neighbours, in each format and round mode). With ``p`` the power of two of ``x = min(|t|, x_max)`` (its
+    exponent bits; 0 for an fp32 subnormal) and ``q = max(p, 2**emin)``, the quantum is
+    ``Q = q * 2**-mbits`` and ``(x + c) - c`` with ``c = 1.5 * 2**23 * Q`` is ``x`` rounded to a multiple
+    of Q, ties to even: the sum lies in ``[2**23 Q, 2**24 Q)``, whose fp32 step is Q, and the difference
+    is exact. Ties away from zero add Q where ``x`` lay exactly half-way (``x - rv`` is exact); ``floor``
+    (the signed value rounded down: a negative value's magnitude goes up) rounds ``x`` carrying t's sign
+    and steps down by Q where that went up. A normal result's code is its fp32 bits shifted down to
+    ``mbits`` mantissa bits less the exponent's rebias; a subnormal one's, those of ``2**emin + rv`` less
+    one binade more; a carry into the next binade lands on its first code."""
     bits = t.to(tl.int32, bitcast=True)
-    a = bits & 0x7FFFFFFF
-    exp_field = a >> 23
-    normal32 = exp_field > 0
-    mant = (a & 0x7FFFFF) | tl.where(normal32, 0x800000, 0)
-    e = tl.where(normal32, exp_field - 127, -126)
-    emin = 1 - bias
-    shift = tl.minimum(tl.maximum(tl.maximum(e, emin) - mbits - (e - 23), 0), 30)
-    q = mant >> shift
-    rem = mant - (q << shift)
-    half = tl.where(shift > 0, 1 << tl.maximum(shift - 1, 0), 0)
-    q += ((rem > half) | ((rem == half) & (shift > 0) & ((q & 1) == 1))).to(tl.int32)
-    code = tl.where(e >= emin, ((e + bias - 1) << mbits) + q, q)
+    nan = t != t
+    x = tl.where(nan, 0.0, tl.minimum(tl.abs(t), x_max))
+    two_emin = tl.cast(tl.cast((128 - bias) << 23, tl.int32), tl.float32, bitcast=True)
+    q = tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True), two_emin)
+    step = tl.cast(
+        tl.cast((127 - mbits) << 23, tl.int32), tl.float32, bitcast=True
+    )  # 2**-mbits: Q = q * step
+    c = q * (step * _RNE_MAGIC)
+    if ROUND == ROUND_FLOOR:  # the signed value
+        x = (x.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
+    rv = (x + c) - c
+    if ROUND == ROUND_HALF_AWAY:
+        rv += tl.where(x - rv == q * (step * 0.5), q * step, 0.0)
+    elif ROUND == ROUND_FLOOR:
+        rv = tl.abs(rv - tl.where(rv > x, q * step, 0.0))
+    sub = rv < two_emin
+    w = tl.where(sub, rv + two_emin, rv).to(tl.int32, bitcast=True)
+    code = (w >> (23 - mbits)) - (tl.where(sub, 128 - bias, 127 - bias) << mbits)
     code = tl.minimum(code, max_code)
-    return tl.where(a > 0x7F800000, 0, code | ((bits >> 24) & 0x80))
+    return tl.where(nan, 0, code | ((bits >> SIGN_SHIFT) & (0x8 if SIGN_SHIFT == 28 else 0x80)))
 
 
-#: 1.5 * 2**23: ``(y + _RNE_MAGIC) - _RNE_MAGIC`` is ``y`` rounded to an integer, ties to even, for
-#: |y| < 2**22 (the sum lies in [2**23, 2**24), where the fp32 step is 1).
+#: 1.5 * 2**23: ``(y + _RNE_MAGIC * Q) - _RNE_MAGIC * Q`` is ``y`` rounded to a multiple of the power of two
+#: Q, ties to even, for |y| < 2**22 * Q (the sum lies in [2**23 Q, 2**24 Q), where the fp32 step is Q).
 _RNE_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit
-def _fp4_code(t, mbits, ROUND: tl.constexpr):
-    """``mx.encode`` of fp32 ``t`` into an FP4 nibble (sign 0x8), E2M1 (``mbits`` 1) or E1M2 (``mbits`` 2),
-    both with bias 1 and largest code 7, by fp32 arithmetic: the nibbles of ``mx.encode`` for every fp32
-    ``t`` (tests/test_triton_backend.py checks it over every 16-bit pattern, every tie and its
-    neighbours), in fewer instructions than an integer transcription.
+def _fp8_code(t, E5M2: tl.constexpr):
+    """:func:`_elem_code` for E4M3 or (``E5M2``) E5M2, ties to even: every value from 2**16 on saturates
+    in both (E4M3's largest is 448, E5M2's 57344)."""
+    if E5M2:
+        return _elem_code(t, 2, 15, 0x7B, 65536.0, 24, ROUND_RINT)
+    else:
+        return _elem_code(t, 3, 7, 0x7E, 65536.0, 24, ROUND_RINT)
 
-    Both formats' grids have the quantum ``2**(max(e, 0) - mbits)`` for ``|t|`` in ``[2**e, 2**(e + 1))``:
-    on ``[0, 2)`` ``2**-mbits``, on ``[2, 4)`` twice it, on ``[4, 8)`` four times (and from 8 on every value
-    saturates: E2M1's largest is 6, E1M2's 1.75). So ``y = |t| / quantum`` (exact: a power of two) rounded
-    to an integer by ``ROUND``, plus the code of the binade's first value (0, ``2**mbits``,
-    ``2**(mbits + 1)``), capped at 7, is the code; a carry into the next binade lands on its first code.
-    The rounding is exact in fp32 (|y| <= 16): ties to even by adding and subtracting 1.5 * 2**23; ties
-    away from zero from it where ``y`` lies exactly half-way (``y - rn`` is exact); ``floor`` (the signed
-    value rounded down: a negative value's magnitude goes up) on ``y`` with t's sign. NaN gives 0."""
-    bits = t.to(tl.int32, bitcast=True)
-    nan = t != t
-    x = tl.where(nan, 0.0, tl.minimum(tl.abs(t), 8.0))  # +-inf and everything from 8 on saturate alike
-    fine = (1 << mbits).to(tl.float32)  # 1 / quantum on [0, 2)
-    lt2 = x < 2.0
-    lt4 = x < 4.0
-    y = x * tl.where(lt2, fine, tl.where(lt4, fine * 0.5, fine * 0.25))
-    first = tl.where(lt2, 0.0, tl.where(lt4, fine, fine * 2.0))
-    if ROUND == ROUND_FLOOR:  # the signed value
-        y = (y.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
-    r = (y + _RNE_MAGIC) - _RNE_MAGIC
-    if ROUND == ROUND_HALF_AWAY:
-        r += tl.where(y - r == 0.5, 1.0, 0.0)
-    elif ROUND == ROUND_FLOOR:
-        r = tl.abs(r - tl.where(r > y, 1.0, 0.0))
-    code = tl.minimum(r + first, 7.0).to(tl.int32)
-    return tl.where(nan, 0, code | ((bits >> 28) & 0x8))
+
+@triton.jit
+def _fp4_code(t, mbits, ROUND: tl.constexpr):
+    """:func:`_elem_code` for FP4 E2M1 (``mbits`` 1) or E1M2 (``mbits`` 2), bias 1, largest code 7, by
+    ``ROUND``: every value from 8 on saturates in both (E2M1's largest is 6, E1M2's 1.75)."""
+    return _elem_code(t, mbits, 1, 7, 8.0, 28, ROUND)
 
 
 def _cvt_fp8x2(fmt: str) -> str:
@@ -1083,7 +1085,7 @@ def _mx_codes(
         else:
             code = _cvt_fp8x4(q, _CVT_E4M3X4)
     else:
-        code = _fp8_code_int(q, mbits, bias, max_code).to(tl.uint8)
+        code = _fp8_code(q, E5M2).to(tl.uint8)
     return code
 
 
