@@ -53,6 +53,23 @@ def test_verify_measures_grad_weight_at_the_summed_terms_size():
     assert not cli._close("grad_weight", off_by(2e-6), want, {"grad_y": grad_y, "y_origin": None})[1]
 
 
+def test_grad_weight_error_counts_equal_specials_as_equal_and_other_specials_as_failures():
+    """relative_error (verify's grad_weight measure): 0 for equal values, equal infinities and NaN against
+    NaN; inf where one side is not finite and the other differs; empty tensors 0; a zero sum reproduced
+    exactly is no error (0/0)."""
+    import torch
+
+    from swiglu_ops.numerics.tolerances import GRAD_WEIGHT_RTOL, relative_error
+
+    inf, nan = float("inf"), float("nan")
+    t = lambda *v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    assert relative_error(t(inf, 1.0, 0.0, nan), t(inf, 1.0, 0.0, nan)) == 0.0
+    assert relative_error(t(-inf), t(inf)) == inf and relative_error(t(nan), t(1.0)) == inf
+    assert relative_error(t(1.0), t(nan)) == inf and relative_error(t(1e-30), t(0.0)) == inf
+    assert relative_error(t(), t()) == 0.0
+    assert relative_error(t(1.0 + 2**-20), t(1.0)) <= GRAD_WEIGHT_RTOL < relative_error(t(1.0001), t(1.0))
+
+
 def test_usage_and_unknown_command(capsys):
     assert cli.main(["--help"]) == 0
     assert cli.main(["frobnicate"]) == 2

@@ -737,7 +737,8 @@ def test_availability_contract():
 @pytest.mark.parametrize(
     ("version", "ok"),
     [("3.5.0", True), ("3.5.1", True), ("3.6.0+git1a2b", True), ("3.10.0", True), ("4.0.0rc1", True),
-     ("3.4.0", False), ("3.2.0", False), ("2.3.1", False), ("3", False)],
+     ("3.5", True), ("3.4.0", False), ("3.2.0", False), ("2.3.1", False), ("3", False), ("3.4rc1", False),
+     ("3.4+git5e1f", False), ("3.05.0", True), ("", False), ("x.y", False)],
 )  # fmt: skip
 def test_triton_older_than_the_floor_is_unavailable_with_the_reason(monkeypatch, version, ok):
     """Triton releases before MIN_TRITON refuse parts of the kernels at their first launch: the backend is

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,7 @@ from sass_budget import CI_SPECS
 from swiglu_ops.backends import triton as backend
 assert triton.__version__ == sys.argv[2], triton.__version__
 built = 0
-for name in CI_SPECS:
+for name in CI_SPECS + EXTRA_SPECS:
     fn, sig, _consts, attrs, options, _expect = cc.SPECS[name]
     for hw in (False, True):
         for arch in (90, 100):
@@ -53,15 +54,23 @@ for name in CI_SPECS:
             options = {**options, **backend.LAUNCH_OPTIONS}
             triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
             built += 1
-print("built", built, "with triton", triton.__version__)
+print("built", built, "of", 4 * len(CI_SPECS + EXTRA_SPECS), "with triton", triton.__version__)
 """
+
+#: Beside CI_SPECS (FP8 E4M3 only): E5M2 and the FP4 encoder's round modes.
+_EXTRA_SPECS = (
+    "mx_quant[bf16,grouped=1,e5m2]",
+    "bwd_mx_quant[bf16,grouped=1,e5m2]",
+    "mx_quant[bf16,grouped=1,e2m1,round=rint]",
+    "mx_quant[bf16,grouped=1,e2m1,round=floor,interleaved,clipped]",
+)
 
 
 @pytest.mark.slow(seconds=150)
 def test_budgeted_specializations_build_with_the_oldest_supported_triton():
     """CI_SPECS of benchmarks/sass_budget.py (per kernel and direction the largest specialization, and the
-    CANN and GPT-OSS layouts), both conversion paths, sm_90 and sm_100, built by the oldest supported Triton
-    (its front end and its bundled ptxas) in a child process."""
+    CANN and GPT-OSS layouts) and E5M2 / FP4 specializations, both conversion paths, sm_90 and sm_100,
+    built by the oldest supported Triton (its front end and its bundled ptxas) in a child process."""
     folder = os.environ.get("SWIGLU_OPS_OLDEST_TRITON")
     if not folder:
         pytest.skip(
@@ -78,7 +87,14 @@ def test_budgeted_specializations_build_with_the_oldest_supported_triton():
     env["PYTHONPATH"] = os.pathsep.join(
         [folder, str(root / "tests"), str(root / "benchmarks"), str(root / "src")]
     )
-    cmd = [sys.executable, "-c", _OLD_BUILD, folder, OLDEST_TRITON]
+    cmd = [
+        sys.executable,
+        "-c",
+        f"EXTRA_SPECS = {_EXTRA_SPECS!r}\n" + _OLD_BUILD,
+        folder,
+        OLDEST_TRITON,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert f"built 40 with triton {OLDEST_TRITON}" in proc.stdout, proc.stdout
+    built = re.search(r"built (\d+) of (\d+) with triton (\S+)", proc.stdout)
+    assert built and built[1] == built[2] and int(built[1]) >= 40 and built[3] == OLDEST_TRITON, proc.stdout

@@ -25,11 +25,13 @@ def relative_scale(want: torch.Tensor, magnitude: torch.Tensor | None = None) ->
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor, magnitude: torch.Tensor | None = None) -> float:
-    """The largest ``|got - want| / relative_scale(want, magnitude)`` of finite values (0.0 where both are
-    0); compare it with ``GRAD_WEIGHT_RTOL``."""
-    scale = relative_scale(want, magnitude)
-    diff = (got.double() - want.double()).abs()
-    rel = torch.where(diff == 0, 0.0, diff / scale)
+    """The largest ``|got - want| / relative_scale(want, magnitude)``; compare it with ``GRAD_WEIGHT_RTOL``.
+    Equal values (both 0, the same infinity) and NaN against NaN count 0; any other pair with a non-finite
+    member counts inf."""
+    g, w = got.double(), want.double()
+    same = (g == w) | (g.isnan() & w.isnan())
+    rel = (g - w).abs() / relative_scale(want, magnitude)
+    rel = torch.where(same, 0.0, torch.where(g.isfinite() & w.isfinite(), rel, torch.inf))
     return float(rel.max()) if rel.numel() else 0.0
 
 

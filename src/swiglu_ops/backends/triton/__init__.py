@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import sys
 
 import torch
@@ -112,12 +113,10 @@ MIN_TRITON = (3, 5)
 
 
 def triton_version_ok(version: str) -> bool:
-    """Whether a Triton ``__version__`` string (``3.5.1``, ``3.6.0+git...``) is at least ``MIN_TRITON``."""
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts) >= MIN_TRITON
+    """Whether a Triton ``__version__`` string (``3.5.1``, ``3.6.0+git...``, ``3.5``) is at least
+    ``MIN_TRITON``: its leading ``major.minor`` numbers (``3.4rc1`` is 3.4); anything else is not."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match is not None and (int(match[1]), int(match[2])) >= MIN_TRITON
 
 
 def is_available(device) -> tuple[bool, str]:

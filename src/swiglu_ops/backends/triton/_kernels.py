@@ -1066,7 +1066,7 @@ def _mx_codes(
     but a NaN product only comes from a non-finite block (finite block: finite ``v`` times a finite power
     of two), and those elements are replaced by +0.0 before the cast (in both paths), which encodes as
     0x00 (row-wise blocks: the four codes of one asm block are zeroed after the cast instead). Otherwise
-    (and in the interpreter) the integer transcription of ``mx.encode``.
+    (and in the interpreter, and for FP4 always) :func:`_elem_code`, ``mx.encode`` in exact fp32 arithmetic.
     """
     nonfinite = code_s == 0xFF
     if HW_CVT and not _INTERPRETED and ROW_BLOCKS and not FP4:
