@@ -470,6 +470,49 @@ def test_mx_forward_unaligned_tensors(dtype):
         )
 
 
+@pytest.mark.parametrize("glu", [{}, {"limit": 7.0, "alpha": 1.702, "bias": 1.0, "interleaved": True}],
+                         ids=["plain", "gpt_oss"])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mx_routing_weight_matches_reference(dtype, glu):
+    """The routing weight (spec 7.1: per row, negatives and zeros, an empty group) in both MX
+    operators: the backward's four code tensors equal, its grad_weight within the contract's 1e-5 of the
+    reference at the terms' size (dy * act16); the forward's outputs within the contract (E4M3 and E2M1).
+    tests/test_mx_weight.py holds the CPU backends to the same; this file is what a GPU run executes."""
+    from _compare import assert_relative
+    from _fwd_oracles import assert_forward_matches
+
+    from swiglu_ops.numerics.glu import forward_rounded
+    from swiglu_ops.ops.validate import mx_glu_params
+
+    gen = torch.Generator().manual_seed(11)
+    m, n = 77, 96
+    x = _randn(m, 2 * n, dtype=dtype, scale=3.0, gen=gen)
+    dy = _randn(m, n, dtype=dtype, gen=gen)
+    w = torch.randn(m, generator=gen)
+    w[::7] = 0.0
+    ends = torch.tensor([10, 10, 64, m], device=DEVICE)  # an empty group
+    args = (x, dy, ends)
+    got = swiglu_ops.swiglu_backward_mx_quant_dual_axis(*args, weight=w.to(DEVICE), **glu, backend="triton")
+    want = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+        *(t.cpu() for t in args), weight=w, **glu, backend="reference"
+    )
+    assert len(got) == len(want) == 5
+    for name, g, r in zip(("y1", "mxscale1", "y2", "mxscale2"), got[:4], want[:4], strict=True):
+        _equal_codes(g.cpu(), r, f"weighted backward {name}")
+    params = mx_glu_params(
+        True, glu.get("interleaved", False), glu.get("limit"), glu.get("alpha"), glu.get("bias")
+    )
+    act16 = forward_rounded(x.cpu(), params)
+    magnitude = (dy.cpu().double() * act16.double()).abs().sum(-1)
+    assert_relative(got[4].cpu(), want[4], name="grad_weight", magnitude=magnitude)
+    for dst in (torch.float8_e4m3fn, torch.float4_e2m1fn_x2):
+        kw = dict(weight=w, dst_dtype=dst, **glu)
+        ref = swiglu_ops.swiglu_mx_quant_dual_axis(x.cpu(), ends.cpu(), backend="reference", **kw)
+        kw["weight"] = w.to(DEVICE)
+        out = swiglu_ops.swiglu_mx_quant_dual_axis(x, ends, backend="triton", **kw)
+        assert_forward_matches([t.cpu() for t in out], ref, "triton", dst)
+
+
 def test_mx_backward_interleaved_unaligned_and_tiles(monkeypatch):
     """The GPT-OSS MX backward (interleaved, clipped) on unaligned tensors and every tuned tile width gives
     the default tile's bytes."""
