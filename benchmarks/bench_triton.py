@@ -8,7 +8,8 @@
 
 Operators (all with ``backend=BACKEND`` against ``backend="reference"`` on the same device):
 swiglu_group_grad, swiglu_backward_mx_quant_dual_axis (E4M3), swiglu_mx_quant_dual_axis (E4M3 and FP4 E2M1),
-clipped_swiglu and clipped_swiglu_grad (GPT-OSS: alpha 1.702, limit 7, bias 1, interleaved).
+clipped_swiglu and clipped_swiglu_grad (GPT-OSS: alpha 1.702, limit 7, bias 1, interleaved); the two E4M3
+MX operators again with a routing weight per row (timed; the summary prints weighted / unweighted time).
 
 Steps (each prints as it goes; the summary table comes last):
 
@@ -418,7 +419,11 @@ SMOKE_SHAPES = (("tiny", 32, 128, 2),)
 #: --tune times its variants on these shapes only; the baselines run on the first shape only.
 TUNE_SHAPES = ("readme", "gpt-oss-120b", "tiny")
 
-OPS = ("group_grad", "bwd_mx e4m3", "fwd_mx e4m3", "fwd_mx e2m1", "clipped_swiglu", "clipped_swiglu_grad")
+OPS = (
+    "group_grad", "bwd_mx e4m3", "fwd_mx e4m3", "fwd_mx e2m1", "clipped_swiglu", "clipped_swiglu_grad",
+    # the routing weight (a probability per row): its cost is these against the unweighted rows above
+    "bwd_mx e4m3 weighted", "fwd_mx e4m3 weighted",
+)  # fmt: skip
 #: The reference backend's kernel function each op calls (the key of swiglu_ops.bench.reference_baseline).
 REF_KERNELS = {
     "group_grad": "swiglu_group_grad",
@@ -427,11 +432,14 @@ REF_KERNELS = {
     "fwd_mx e2m1": "swiglu_mx_quant",
     "clipped_swiglu": "clipped_swiglu",
     "clipped_swiglu_grad": "clipped_swiglu_grad",
+    "bwd_mx e4m3 weighted": "swiglu_bwd_mx_quant",
+    "fwd_mx e4m3 weighted": "swiglu_mx_quant",
 }
 
 
 def _op_calls(x, dy, w, yo, counts, ends) -> dict:
     """Per op: (the inputs it reads, ``call(backend)``)."""
+    wr = w.view(-1)  # the MX operators' weight: one per row
     return {
         "group_grad": ((dy, x, w, yo, counts), lambda b: GG(dy, x, w, yo, counts, 7.0, backend=b)),
         "bwd_mx e4m3": ((x, dy, ends), lambda b: MXQ(x, dy, ends, backend=b)),
@@ -439,6 +447,8 @@ def _op_calls(x, dy, w, yo, counts, ends) -> dict:
         "fwd_mx e2m1": ((x, ends), lambda b: MXF(x, ends, dst_dtype=FP4, backend=b)),
         "clipped_swiglu": ((x, counts), lambda b: CS(x, counts, **GPT_OSS, backend=b)),
         "clipped_swiglu_grad": ((dy, x, counts), lambda b: CSG(dy, x, counts, **GPT_OSS, backend=b)),
+        "bwd_mx e4m3 weighted": ((x, dy, ends, wr), lambda b: MXQ(x, dy, ends, weight=wr, backend=b)),
+        "fwd_mx e4m3 weighted": ((x, ends, wr), lambda b: MXF(x, ends, weight=wr, backend=b)),
     }
 
 
@@ -482,6 +492,15 @@ def spec_candidates(op: str, grouped: bool) -> list[str]:
         ],
         "clipped_swiglu": ["clipped_swiglu[bf16,fwd,mode=0,interleaved]"],
         "clipped_swiglu_grad": ["clipped_swiglu[bf16,bwd,mode=0,interleaved]"],
+        # The compile checks hold the weighted specializations grouped only.
+        "bwd_mx e4m3 weighted": [
+            f"bwd_mx_quant[bf16,grouped={g},weight]",
+            "bwd_mx_quant[bf16,grouped=1,weight]",
+        ],
+        "fwd_mx e4m3 weighted": [
+            f"mx_quant[bf16,grouped={g},e4m3,weight]",
+            "mx_quant[bf16,grouped=1,e4m3,weight]",
+        ],
     }[op]
 
 
@@ -675,6 +694,12 @@ def _print_table(result: dict) -> None:
         pred = f"{r['pred_serial']:.0f}/{r['pred_overlap']:.0f}"
         print(f"{r['op']:<20} {r['model']:<14} {r['shape']:>11} {r['groups']:>4} {r['bytes'] / 1e6:>8.1f} "
               f"{t:>8.4f} {gbs:>6.0f} {r['pct']:>6.1f}% {pred:>9} {ref:>12.4f} {ref / t:>7.1f}x")  # fmt: skip
+    ms = {(r["op"], r["model"]): r["ms"] for r in result["bench"]}
+    for op in ("bwd_mx e4m3", "fwd_mx e4m3"):
+        ratios = [f"{m} x{ms[(op + ' weighted', m)] / t:.3f}" for (o, m), t in ms.items() if o == op
+                  and (op + " weighted", m) in ms]  # fmt: skip
+        if ratios:
+            print(f"routing weight, {op} weighted / unweighted time: {', '.join(ratios)}")
 
 
 def main(argv=None) -> int:

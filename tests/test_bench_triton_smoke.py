@@ -58,6 +58,7 @@ def test_bench_triton_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert result["check_ok"] and result["big_ok"]
     assert result["hw_cvt"] is False and ", integer path" in proc.stdout  # which path the numbers are of
+    assert "routing weight, bwd_mx e4m3 weighted / unweighted time: tiny x" in proc.stdout
     assert [r["op"] for r in result["bench"]] == list(bench.OPS)
     for r in result["bench"]:
         assert r["bytes"] > 0 and math.isfinite(r["ms"]) and r["pct"] > 0, r
