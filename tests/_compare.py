@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from swiglu_ops.numerics.tolerances import FP32_ULPS, GRAD_WEIGHT_RTOL, allowed_near_ties, relative_scale
+from swiglu_ops.numerics.tolerances import (  # noqa: F401 (sum_magnitude: the tests' import point)
+    FP32_ULPS,
+    GRAD_WEIGHT_RTOL,
+    allowed_near_ties,
+    relative_scale,
+    sum_magnitude,
+)
 
 _INT_VIEW = {
     torch.float32: torch.int32,
@@ -216,11 +222,6 @@ def silu_prime_magnitude(dy, x, weight=None, clamp: float = 0.0) -> torch.Tensor
         dyw = dyw * weight.double().abs().reshape(*dy.shape[:-1], 1)
     terms = torch.cat([dyw * u.abs() * (s + f.abs() + (f * s).abs()), dyw * f.abs()], dim=-1)
     return torch.nan_to_num(terms, nan=0.0, posinf=0.0)
-
-
-def sum_magnitude(dy: torch.Tensor, y_origin: torch.Tensor) -> torch.Tensor:
-    """Per row, the sum of |fp32(dy) * fp32(y_origin)| over the hidden dim (float64)."""
-    return (dy.double() * y_origin.double()).abs().sum(-1)
 
 
 def assert_group_grad_matches(actual, expected, backend: str, inputs=None) -> None:

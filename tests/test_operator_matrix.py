@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import swiglu_ops
 from swiglu_ops.numerics.glu import forward_rounded
+from swiglu_ops.numerics.tolerances import norm_magnitude
 from swiglu_ops.ops import api
 from swiglu_ops.ops.table import EXAMPLE_CASES, PUBLIC
 from swiglu_ops.ops.validate import mx_glu_params
@@ -62,8 +63,7 @@ def _magnitude(name, output, values, want):
     if output == "grad_weight":  # the MX backward's: the l2 norm of y_grad * act16 per row (spec 7.1)
         glu = mx_glu_params(values.get("activate_left", True), values.get("interleaved", False),
                             values.get("limit"), values.get("alpha"), values.get("bias"))  # fmt: skip
-        act16 = forward_rounded(values["x"], glu).float()
-        return (values["y_grad"].float() * act16).norm(dim=-1).view(want.shape)
+        return norm_magnitude(values["y_grad"], forward_rounded(values["x"], glu)).view(want.shape)
     if name == "swiglu_group_grad":
         clamp = values.get("clamp_limit", 0.0)
         return silu_prime_magnitude(values["grad_y"], values["x"], values.get("weight"), clamp)

@@ -18,7 +18,14 @@ import time
 import torch
 
 from .numerics.glu import forward_rounded
-from .numerics.tolerances import GRAD_WEIGHT_RTOL, relative_error, unit_differences, within_near_ties
+from .numerics.tolerances import (
+    GRAD_WEIGHT_RTOL,
+    norm_magnitude,
+    relative_error,
+    sum_magnitude,
+    unit_differences,
+    within_near_ties,
+)
 from .ops import api
 from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_axis
 from .ops.registry import check_backend_name
@@ -339,17 +346,16 @@ def _near_ties(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[str, b
 
 
 def _grad_weight_terms(values: dict) -> torch.Tensor | None:
-    """Per row, the sum of |term| of the sum that is grad_weight: ``dy * y_origin`` (swiglu_group_grad),
-    ``dy * act16`` (the MX backward; act16 its forward's unweighted activation rounded to x's dtype)."""
+    """The size grad_weight's difference is measured at, per row: swiglu_group_grad's terms dy * y_origin
+    (:func:`sum_magnitude`), the MX backward's dy * act16 (:func:`norm_magnitude`, spec 7.1)."""
     if values.get("y_origin") is not None:
-        return (values["grad_y"].double() * values["y_origin"].double()).abs().sum(-1).cpu()
+        return sum_magnitude(values["grad_y"], values["y_origin"]).cpu()
     if "y_grad" in values:
         glu = mx_glu_params(
             values.get("activate_left", True), values.get("interleaved", False), values.get("limit"),
             values.get("alpha"), values.get("bias"),
         )  # fmt: skip
-        act16 = forward_rounded(values["x"], glu)
-        return (values["y_grad"].double() * act16.double()).abs().sum(-1).cpu()
+        return norm_magnitude(values["y_grad"], forward_rounded(values["x"], glu)).cpu()
     return None
 
 

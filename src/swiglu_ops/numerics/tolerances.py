@@ -24,6 +24,18 @@ def relative_scale(want: torch.Tensor, magnitude: torch.Tensor | None = None) ->
     return scale if magnitude is None else torch.maximum(scale, magnitude.reshape(want.shape).double())
 
 
+def sum_magnitude(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per row, the sum of ``|fp32(dy) * fp32(y)|`` over the last dim (float64): the size of the terms of
+    swiglu_group_grad's grad_weight (``y`` = y_origin), its ``magnitude``."""
+    return (dy.double() * y.double()).abs().sum(-1)
+
+
+def norm_magnitude(dy: torch.Tensor, act16: torch.Tensor) -> torch.Tensor:
+    """Per row, the l2 norm of ``dy * act16`` over the last dim (float64): the MX backward's grad_weight
+    ``magnitude`` (spec 7.1; act16 the forward's unweighted activation rounded to x's dtype)."""
+    return (dy.double() * act16.double()).norm(dim=-1)
+
+
 def relative_error(got: torch.Tensor, want: torch.Tensor, magnitude: torch.Tensor | None = None) -> float:
     """The largest ``|got - want| / relative_scale(want, magnitude)``; compare it with ``GRAD_WEIGHT_RTOL``.
     Equal values (both 0, the same infinity) and NaN against NaN count 0; any other pair with a non-finite
