@@ -112,6 +112,7 @@ def group_grad_maxnreg(aligned: bool) -> int | None:
 MIN_TRITON = (3, 5)
 
 
+@functools.lru_cache(maxsize=8)  # is_available runs on every dispatch; the version string does not change
 def triton_version_ok(version: str) -> bool:
     """Whether a Triton ``__version__`` string (``3.5.1``, ``3.6.0+git...``, ``3.5``) is at least
     ``MIN_TRITON``: its leading ``major.minor`` numbers (``3.4rc1`` is 3.4); anything else is not."""
