@@ -25,7 +25,7 @@ import swiglu_ops  # noqa: E402
 from swiglu_ops.backends import reference as reference_backend  # noqa: E402
 from swiglu_ops.backends import triton as triton_backend  # noqa: E402
 from swiglu_ops.backends.reference import swiglu_bwd_mx_quant as reference_bwd_mx_quant  # noqa: E402
-from swiglu_ops.backends.triton._kernels import ROUND_MODES, ROUND_RINT, _elem_code  # noqa: E402
+from swiglu_ops.backends.triton._kernels import ROUND_MODES, _fp4_code, _fp8_code  # noqa: E402
 from swiglu_ops.numerics import mx  # noqa: E402
 from swiglu_ops.numerics.glu import SWIGLU  # noqa: E402
 from swiglu_ops.ops import registry  # noqa: E402
@@ -679,25 +679,17 @@ def test_group_grad_is_deterministic():
 
 
 @triton.jit
-def _encode_kernel(t_ptr, out_ptr, n, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.constexpr,
-                   BLOCK: tl.constexpr):  # fmt: skip
+def _fp4_encode_kernel(t_ptr, out_ptr, n, mbits, ROUND: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     t = tl.load(t_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(out_ptr + offs, _elem_code(t, mbits, bias, max_code, FP4, ROUND), mask=offs < n)
+    tl.store(out_ptr + offs, _fp4_code(t, mbits, ROUND), mask=offs < n)
 
 
-def _assert_encoder_is_mx_encode(t: torch.Tensor, fmt, round_mode: str = "rint") -> None:
-    """``_kernels._elem_code`` on every value of ``t`` (with the format's constants, as the launcher passes
-    them) against ``mx.encode``: the same code for each."""
-    got = torch.empty(t.numel(), dtype=torch.int32, device=DEVICE)
-    fp4 = isinstance(fmt, mx.FP4Format)
-    _encode_kernel[(triton.cdiv(t.numel(), 8192),)](
-        t.to(DEVICE), got, t.numel(), fmt.mbits, fmt.bias, fmt.max_code, FP4=fp4,
-        ROUND=ROUND_MODES[round_mode] if fp4 else ROUND_RINT, BLOCK=8192,
-    )  # fmt: skip
-    want = mx.encode(t, fmt, round_mode).to(torch.int32)
-    bad = (got.cpu() != want).nonzero().flatten()
-    assert bad.numel() == 0, [(t[i].item(), got[i].item(), want[i].item()) for i in bad[:8]]
+@triton.jit
+def _fp8_encode_kernel(t_ptr, out_ptr, n, E5M2: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(t_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, _fp8_code(t, E5M2), mask=offs < n)
 
 
 def _with_neighbours(points: torch.Tensor) -> torch.Tensor:
@@ -734,10 +726,16 @@ def _fp8_code_inputs(fmt) -> torch.Tensor:
 @pytest.mark.skipif(not IN_PROCESS, reason=WHY_NOT)
 @pytest.mark.parametrize("fmt", [mx.E4M3FN, mx.E5M2], ids=["e4m3", "e5m2"])
 def test_fp8_encoder_is_mx_encode_for_every_fp32_value_class(fmt):
-    """The default path's FP8 encoder (``_kernels._elem_code``: fp32 arithmetic, the quantum from the
+    """The default path's FP8 encoder (``_kernels._fp8_code``: fp32 arithmetic, the quantum from the
     exponent) against the readable rule (``mx.encode``) on every 16-bit pattern, every code's value and
     every tie with both neighbours, and random fp32 values and bit patterns: the same code for each."""
-    _assert_encoder_is_mx_encode(_fp8_code_inputs(fmt), fmt)
+    t = _fp8_code_inputs(fmt)
+    got = torch.empty(t.numel(), dtype=torch.int32, device=DEVICE)
+    grid = (triton.cdiv(t.numel(), 8192),)
+    _fp8_encode_kernel[grid](t.to(DEVICE), got, t.numel(), fmt is mx.E5M2, BLOCK=8192)
+    want = mx.encode(t, fmt).to(torch.int32)
+    bad = (got.cpu() != want).nonzero().flatten()
+    assert bad.numel() == 0, [(t[i].item(), got[i].item(), want[i].item()) for i in bad[:8]]
 
 
 def _fp4_code_inputs() -> torch.Tensor:
@@ -755,10 +753,19 @@ def _fp4_code_inputs() -> torch.Tensor:
 @pytest.mark.parametrize("round_mode", ["rint", "round", "floor"])
 @pytest.mark.parametrize("fmt", [mx.E2M1, mx.E1M2], ids=["e2m1", "e1m2"])
 def test_fp4_encoder_is_mx_encode_for_every_fp32_value_class(fmt, round_mode):
-    """The kernels' encoder (``_kernels._elem_code``) for FP4 against the readable rule (``mx.encode``) on
-    every 16-bit pattern, every grid value, tie and binade edge with both neighbours, and random fp32 values
-    and bit patterns: the same nibble for each."""
-    _assert_encoder_is_mx_encode(_fp4_code_inputs(), fmt, round_mode)
+    """The kernels' FP4 encoder (``_kernels._fp4_code``: fp32 arithmetic over three binades) against the
+    readable rule (``mx.encode``) on every 16-bit pattern, every grid value, tie and binade edge with both
+    neighbours, and random fp32 values and bit patterns: the same nibble for each."""
+    t = _fp4_code_inputs()
+    got = torch.empty(t.numel(), dtype=torch.int32, device=DEVICE)
+    block = 8192
+    grid = (triton.cdiv(t.numel(), block),)
+    _fp4_encode_kernel[grid](
+        t.to(DEVICE), got, t.numel(), fmt.mbits, ROUND=ROUND_MODES[round_mode], BLOCK=block
+    )
+    want = mx.encode(t, fmt, round_mode).to(torch.int32)
+    bad = (got.cpu() != want).nonzero().flatten()
+    assert bad.numel() == 0, [(t[i].item(), got[i].item(), want[i].item()) for i in bad[:8]]
 
 
 def test_availability_contract():

@@ -861,14 +861,12 @@ def _scale_code(amax, inv_max, emax, SCALE_ALG: tl.constexpr, FP4: tl.constexpr)
 
 
 @triton.jit
-def _elem_code(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.constexpr):
-    """``mx.encode`` of fp32 ``t`` into an element code (int32) of the format ``mbits`` / ``bias`` /
-    ``max_code`` (the launcher passes ``mx.py``'s): FP8 (E4M3, E5M2; the sign in bit 7; ``ROUND`` RINT)
-    or, with ``FP4``, a nibble (E2M1, E1M2; sign 0x8; any round mode). ``t`` is rounded on the format's
-    grid (quantum ``2**(max(e, emin) - mbits)``, emin = 1 - bias), finite magnitudes past the largest code
-    and +-inf saturate (every value from ``x_max`` on does: 8 for FP4, whose largest values are 6 and
-    1.75, 2**16 for FP8, 448 and 57344), the sign bit is t's (-0 and negative values that round to 0 keep
-    it), NaN -> 0.
+def _elem_code(t, mbits, bias, max_code, x_max, SIGN_SHIFT: tl.constexpr, ROUND: tl.constexpr):
+    """``mx.encode`` of fp32 ``t`` into an element code (int32): FP8 (E4M3, E5M2: ``SIGN_SHIFT`` 24, the
+    sign in bit 7, ``ROUND`` RINT) or an FP4 nibble (E2M1, E1M2: ``SIGN_SHIFT`` 28, sign 0x8, any round
+    mode). ``t`` is rounded on the format's grid (quantum ``2**(max(e, emin) - mbits)``, emin = 1 - bias),
+    finite magnitudes past the largest code and +-inf saturate (``x_max``: a magnitude from which every
+    value saturates), the sign bit is t's (-0 and negative values that round to 0 keep it), NaN -> 0.
 
     Exact fp32 arithmetic, so the same bits for every fp32 ``t`` on a GPU and in the interpreter
     (tests/test_triton_backend.py checks every 16-bit pattern, every code's value and every tie with its
@@ -881,10 +879,9 @@ def _elem_code(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.constexpr)
     and steps down by Q where that went up. A normal result's code is its fp32 bits shifted down to
     ``mbits`` mantissa bits less the exponent's rebias; a subnormal one's, those of ``2**emin + rv`` less
     one binade more; a carry into the next binade lands on its first code."""
-    SIGN_SHIFT: tl.constexpr = 28 if FP4 else 24  # t's sign bit to the code's: bit 3 or 7
     bits = t.to(tl.int32, bitcast=True)
     nan = t != t
-    x = tl.where(nan, 0.0, tl.minimum(tl.abs(t), 8.0 if FP4 else 65536.0))
+    x = tl.where(nan, 0.0, tl.minimum(tl.abs(t), x_max))
     two_emin = tl.cast(tl.cast((128 - bias) << 23, tl.int32), tl.float32, bitcast=True)
     q = tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True), two_emin)
     step = tl.cast(
@@ -902,12 +899,29 @@ def _elem_code(t, mbits, bias, max_code, FP4: tl.constexpr, ROUND: tl.constexpr)
     w = tl.where(sub, rv + two_emin, rv).to(tl.int32, bitcast=True)
     code = (w >> (23 - mbits)) - (tl.where(sub, 128 - bias, 127 - bias) << mbits)
     code = tl.minimum(code, max_code)
-    return tl.where(nan, 0, code | ((bits >> SIGN_SHIFT) & (1 << (31 - SIGN_SHIFT))))
+    return tl.where(nan, 0, code | ((bits >> SIGN_SHIFT) & (0x8 if SIGN_SHIFT == 28 else 0x80)))
 
 
 #: 1.5 * 2**23: ``(y + _RNE_MAGIC * Q) - _RNE_MAGIC * Q`` is ``y`` rounded to a multiple of the power of two
 #: Q, ties to even, for |y| < 2**22 * Q (the sum lies in [2**23 Q, 2**24 Q), where the fp32 step is Q).
 _RNE_MAGIC = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def _fp8_code(t, E5M2: tl.constexpr):
+    """:func:`_elem_code` for E4M3 or (``E5M2``) E5M2, ties to even: every value from 2**16 on saturates
+    in both (E4M3's largest is 448, E5M2's 57344)."""
+    if E5M2:
+        return _elem_code(t, 2, 15, 0x7B, 65536.0, 24, ROUND_RINT)
+    else:
+        return _elem_code(t, 3, 7, 0x7E, 65536.0, 24, ROUND_RINT)
+
+
+@triton.jit
+def _fp4_code(t, mbits, ROUND: tl.constexpr):
+    """:func:`_elem_code` for FP4 E2M1 (``mbits`` 1) or E1M2 (``mbits`` 2), bias 1, largest code 7, by
+    ``ROUND``: every value from 8 on saturates in both (E2M1's largest is 6, E1M2's 1.75)."""
+    return _elem_code(t, mbits, 1, 7, 8.0, 28, ROUND)
 
 
 def _cvt_fp8x2(fmt: str) -> str:
@@ -1062,7 +1076,7 @@ def _mx_codes(
             return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E4M3X4_MASKED)
     q = _mx_products(v, recip, code_s)
     if FP4:
-        code = _elem_code(q, mbits, bias, max_code, True, ROUND)
+        code = _fp4_code(q, mbits, ROUND)
         if ROUND == ROUND_FLOOR:
             code = tl.where((q == 0.0) & (v < 0.0) & (recip > 0.0) & ~nonfinite, 0x9, code)
     elif HW_CVT and not _INTERPRETED:
@@ -1071,7 +1085,7 @@ def _mx_codes(
         else:
             code = _cvt_fp8x4(q, _CVT_E4M3X4)
     else:
-        code = _elem_code(q, mbits, bias, max_code, False, ROUND_RINT).to(tl.uint8)
+        code = _fp8_code(q, E5M2).to(tl.uint8)
     return code
 
 
