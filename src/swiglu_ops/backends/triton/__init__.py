@@ -322,7 +322,7 @@ def _mx_common(
     inv_max = getattr(fmt, "inv_max", 0.0)  # RCEIL only (FP8)
     shape = (m, x.shape[-1] // 2, num_groups or 0, blocks, s2.shape[1])
     glu_args = (glu.alpha, glu.limit, glu.bias)
-    tail = (inv_max, fmt.emax, fmt.mbits, fmt.bias, fmt.max_code, n_tiles, per_program)
+    tail = (inv_max, fmt.emax, fmt.mbits, n_tiles, per_program)
     b_pad, pad_select = padding(glu, x.dtype, backward)
     consts = dict(
         # 32-bit offsets within a 32-row block unless its rows hold 2**26 elements or more (or, for a

@@ -53,6 +53,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ...numerics import mx as _mx
+
 #: Kernels are built for the interpreter when ``TRITON_INTERPRET=1`` is set at import time (Triton reads it
 #: when ``@triton.jit`` runs); libdevice has no interpreter implementation.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -906,22 +908,35 @@ def _elem_code(t, mbits, bias, max_code, x_max, SIGN_SHIFT: tl.constexpr, ROUND:
 #: Q, ties to even, for |y| < 2**22 * Q (the sum lies in [2**23 Q, 2**24 Q), where the fp32 step is Q).
 _RNE_MAGIC = tl.constexpr(12582912.0)
 
+#: The element formats' constants, compile-time (taken at run time they cost the GPT-OSS MX backward a
+#: register spill on sm_100), from ``swiglu_ops.numerics.mx``'s format table, the one place they are written.
+#: ``*_SATURATED``: a magnitude from which every finite value saturates, in every format of the family.
+_E4M3_MBITS = tl.constexpr(_mx.E4M3FN.mbits)
+_E4M3_BIAS = tl.constexpr(_mx.E4M3FN.bias)
+_E4M3_MAX_CODE = tl.constexpr(_mx.E4M3FN.max_code)
+_E5M2_MBITS = tl.constexpr(_mx.E5M2.mbits)
+_E5M2_BIAS = tl.constexpr(_mx.E5M2.bias)
+_E5M2_MAX_CODE = tl.constexpr(_mx.E5M2.max_code)
+_FP8_SATURATED = tl.constexpr(2.0 ** (max(_mx.E4M3FN.emax, _mx.E5M2.emax) + 1))
+assert _mx.E2M1.bias == _mx.E1M2.bias and _mx.E2M1.max_code == _mx.E1M2.max_code  # (mbits: an argument)
+_FP4_BIAS = tl.constexpr(_mx.E2M1.bias)
+_FP4_MAX_CODE = tl.constexpr(_mx.E2M1.max_code)
+_FP4_SATURATED = tl.constexpr(2.0 ** (max(_mx.E2M1.emax, _mx.E1M2.emax) + 1))
+
 
 @triton.jit
 def _fp8_code(t, E5M2: tl.constexpr):
-    """:func:`_elem_code` for E4M3 or (``E5M2``) E5M2, ties to even: every value from 2**16 on saturates
-    in both (E4M3's largest is 448, E5M2's 57344)."""
+    """:func:`_elem_code` for E4M3 or (``E5M2``) E5M2, ties to even."""
     if E5M2:
-        return _elem_code(t, 2, 15, 0x7B, 65536.0, 24, ROUND_RINT)
+        return _elem_code(t, _E5M2_MBITS, _E5M2_BIAS, _E5M2_MAX_CODE, _FP8_SATURATED, 24, ROUND_RINT)
     else:
-        return _elem_code(t, 3, 7, 0x7E, 65536.0, 24, ROUND_RINT)
+        return _elem_code(t, _E4M3_MBITS, _E4M3_BIAS, _E4M3_MAX_CODE, _FP8_SATURATED, 24, ROUND_RINT)
 
 
 @triton.jit
 def _fp4_code(t, mbits, ROUND: tl.constexpr):
-    """:func:`_elem_code` for FP4 E2M1 (``mbits`` 1) or E1M2 (``mbits`` 2), bias 1, largest code 7, by
-    ``ROUND``: every value from 8 on saturates in both (E2M1's largest is 6, E1M2's 1.75)."""
-    return _elem_code(t, mbits, 1, 7, 8.0, 28, ROUND)
+    """:func:`_elem_code` for FP4 E2M1 (``mbits`` 1) or E1M2 (``mbits`` 2), by ``ROUND``."""
+    return _elem_code(t, mbits, _FP4_BIAS, _FP4_MAX_CODE, _FP4_SATURATED, 28, ROUND)
 
 
 def _cvt_fp8x2(fmt: str) -> str:
@@ -1047,7 +1062,7 @@ def _mx_products(v, recip, code_s):
 
 @triton.jit
 def _mx_codes(
-    v, recip, code_s, mbits, bias, max_code, FP4: tl.constexpr, E5M2: tl.constexpr, ROUND: tl.constexpr,
+    v, recip, code_s, mbits, FP4: tl.constexpr, E5M2: tl.constexpr, ROUND: tl.constexpr,
     HW_CVT: tl.constexpr, ROW_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """Element codes of ``v * recip``, the element rule of ``mx.quantize_blocks``: ``mx.encode`` of the exact
@@ -1261,7 +1276,7 @@ def _tile_edges(rl, last, jb, n, K: tl.constexpr, PLAIN_LOADS: tl.constexpr):
 @triton.jit
 def _mx_quantize(
     v, rl, rows_ok, dead, ob, ob0, ob_ok, width, s1_stride, y1_ptr, s1_ptr, y2_ptr, s2_ptr, s2_cols, m,
-    inv_max, emax, mbits, bias, max_code,
+    inv_max, emax, mbits,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, DTYPE: tl.constexpr, COPIES: tl.constexpr,
     keep=None,
@@ -1330,9 +1345,7 @@ def _mx_quantize(
         s1_code = tl.where(dead | (ob * MX_BLOCK >= width), 0, s1_code)
         if SCALE_ALG == 0:
             code1 = tl.where(dead, 0xFF, code1)
-    y1 = _mx_codes(
-        v, recip1[:, :, :, None], code1[:, :, :, None], mbits, bias, max_code, FP4, E5M2, ROUND, HW_CVT, True
-    )
+    y1 = _mx_codes(v, recip1[:, :, :, None], code1[:, :, :, None], mbits, FP4, E5M2, ROUND, HW_CVT, True)
     _store_codes(y1_ptr + y_off, y1, y_ok, FP4)
     tl.store(s1_ptr + rl * s1_stride + ob, s1_code.to(tl.uint8), mask=ok)
     # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
@@ -1351,7 +1364,7 @@ def _mx_quantize(
         _store_y2_tokens(y2_tile + (local.to(rl.dtype) * m + rl), q2, y2_ok, E5M2)
     else:
         y2 = _mx_codes(
-            v, recip2[None, :, None, :], code2[None, :, None, :], mbits, bias, max_code, FP4, E5M2, ROUND,
+            v, recip2[None, :, None, :], code2[None, :, None, :], mbits, FP4, E5M2, ROUND,
             HW_CVT, False,
         )  # fmt: skip
         if TRANSPOSE_Y2:
@@ -1415,7 +1428,7 @@ def _locate_block(ends_ptr, num_groups, m, rb, GROUP_CHUNK: tl.constexpr):
 # ------------------------------------------------------------------ SwigluMxQuantWithDualAxis (forward)
 
 _MX_NOT_SPECIALIZED = [
-    "m", "num_groups", "blocks_per_slice", "s2_rows", "emax", "mbits", "bias", "max_code",
+    "m", "num_groups", "blocks_per_slice", "s2_rows", "emax", "mbits",
     "n_tiles", "tiles_per_program",
 ]  # fmt: skip
 
@@ -1423,7 +1436,7 @@ _MX_NOT_SPECIALIZED = [
 @triton.jit
 def _mx_fwd_tile(
     xb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
-    m, n, s1_slots, a_index, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
+    m, n, s1_slots, a_index, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr, HW_CVT: tl.constexpr,
@@ -1469,7 +1482,7 @@ def _mx_fwd_tile(
             keep = (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n) & (not dead)
     _mx_quantize(
         act, rl, rows_ok, dead, ob, tile * NB, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m,
-        inv_max, emax, mbits, bias, max_code, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
+        inv_max, emax, mbits, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
         DTYPE, PLAIN_LOADS, keep,
     )  # fmt: skip
 
@@ -1478,7 +1491,7 @@ def _mx_fwd_tile(
 def swiglu_mx_quant_kernel(
     x_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr, w_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, s1_slots, alpha, limit, glu_bias, b_pad_bits,
-    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
+    inv_max, emax, mbits, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
     PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
@@ -1514,7 +1527,7 @@ def swiglu_mx_quant_kernel(
     for tile in range(t0, tl.minimum(t0 + tiles_per_program, n_tiles)):
         _mx_fwd_tile(
             xb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
-            m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits, bias, max_code,
+            m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, PAD_SELECT,
             PLAIN_LOADS, HW_CVT, HAS_WEIGHT,
         )  # fmt: skip
@@ -1526,7 +1539,7 @@ def swiglu_mx_quant_kernel(
 @triton.jit
 def _mx_bwd_tile(
     xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
-    m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+    m, n, a_index, alpha, limit, glu_bias, inv_max, emax, mbits,
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr,
     PLAIN_LOADS: tl.constexpr, FAST: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
@@ -1583,7 +1596,7 @@ def _mx_bwd_tile(
         )
         _mx_quantize(
             v, rl, rows_ok, dead, blk, tile * NB, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols,
-            m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
+            m, inv_max, emax, mbits, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
             DTYPE, PLAIN_LOADS,
         )  # fmt: skip
     else:
@@ -1598,7 +1611,7 @@ def _mx_bwd_tile(
                 shift = (1 - a_index) * half_blocks
             _mx_quantize(
                 v, rl, rows_ok, dead, blk + shift, tile * NB + shift, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b,
-                s2b, s2_cols, m, inv_max, emax, mbits, bias, max_code, False, E5M2, SCALE_ALG, ROUND_RINT,
+                s2b, s2_cols, m, inv_max, emax, mbits, False, E5M2, SCALE_ALG, ROUND_RINT,
                 TRANSPOSE_Y2, HW_CVT, DTYPE, PLAIN_LOADS,
             )  # fmt: skip
     if FAST:
@@ -1611,7 +1624,7 @@ def _mx_bwd_tile(
 def swiglu_bwd_mx_quant_kernel(
     x_ptr, dy_ptr, ends_ptr, y1_ptr, s1_ptr, y2_ptr, s2_ptr, w_ptr, gw_ptr,
     m, n, num_groups, blocks_per_slice, s2_rows, alpha, limit, glu_bias,
-    inv_max, emax, mbits, bias, max_code, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
+    inv_max, emax, mbits, n_tiles, tiles_per_program, A_INDEX: tl.constexpr,
     PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr,
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
@@ -1654,7 +1667,7 @@ def swiglu_bwd_mx_quant_kernel(
     for tile in range(t0, t1):
         key, part = _mx_bwd_tile(
             xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
-            m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+            m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, PLAIN_LOADS,
             HW_CVT, DEN_KEY, HW_CVT, HAS_WEIGHT,
         )  # fmt: skip
@@ -1675,7 +1688,7 @@ def swiglu_bwd_mx_quant_kernel(
             for tile in range(SPLIT * t0, SPLIT * t1):  # (grad_weight's parts do not depend on FAST)
                 _mx_bwd_tile(
                     xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
-                    m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits, bias, max_code,
+                    m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits,
                     BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT,
                     PLAIN_LOADS, False, DEN_KEY, HW_CVT, HAS_WEIGHT,
                 )  # fmt: skip
