@@ -287,8 +287,10 @@ def mxfp8_experts_forward(
             f"expert intermediate size, d_model: the model's hidden size): {exc}"
         ) from exc
     x_g, weights_g, _, perm, ends = _sort_by_expert(self, hidden_states, top_k_index, top_k_weights)
-    # GPT-OSS's clipped SwiGLU: its checked parameters as they are; else the operators' plain SwiGLU
-    act = glu if glu["bias"] else dict(interleaved=glu["interleaved"])
+    # a clipped SwiGLU (GPT-OSS's, or a bound alone: DeepSeek-V4, HY-V4): its checked parameters as they
+    # are; else the operators' plain SwiGLU
+    clipped = glu["bias"] or math.isfinite(glu["limit"])
+    act = glu if clipped else dict(interleaved=glu["interleaved"])
     out = mxfp8_expert_mlp(x_g, w1, w2, ends, **act, b1=b1, b2=b2, backend=_backend(self))
     return _finish(self, out, weights_g, perm, hidden_states, top_k_index.size(-1))
 
