@@ -247,5 +247,28 @@ def test_patch_refuses_a_different_activation(monkeypatch):
         return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
 
     monkeypatch.setattr(GptOssExperts, "_apply_gate", chunked)
-    with pytest.raises(RuntimeError, match="no longer computes"):
+    with pytest.raises(RuntimeError, match="does not compute the GPT-OSS clipped SwiGLU"):
         patch_gpt_oss(tiny_model())
+
+
+def test_patch_checks_each_class_and_changes_nothing_when_it_refuses():
+    """The probe runs the module's own class's _apply_gate (a subclass with another activation is refused,
+    not patched over), and every module is checked before any is patched (a bad limit in the second layer
+    leaves the first unpatched and unmarked)."""
+
+    class GeluExperts(GptOssExperts):
+        def _apply_gate(self, gate_up):
+            return torch.nn.functional.gelu(gate_up[..., ::2]) * gate_up[..., 1::2]
+
+    model = tiny_model()
+    experts = [m for m in model.modules() if isinstance(m, GptOssExperts)]
+    experts[1].__class__ = GeluExperts
+    with pytest.raises(RuntimeError, match="GeluExperts._apply_gate does not compute"):
+        patch_gpt_oss(model)
+    assert not any(is_patched(m) or hasattr(m, "_swiglu_ops_backend") for m in model.modules())
+    model = tiny_model()
+    experts = [m for m in model.modules() if isinstance(m, GptOssExperts)]
+    experts[1].limit = 0.0
+    with pytest.raises(ValueError, match="limit"):
+        patch_gpt_oss(model)
+    assert not any(is_patched(m) or hasattr(m, "_swiglu_ops_backend") for m in model.modules())

@@ -59,16 +59,19 @@ class _FusedApplyGate:
     def __init__(self, module: torch.nn.Module):
         self.module = module
 
-    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def __call__(self, gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         m = self.module
+        backend = getattr(m, _MARK) if backend is None else backend
         return ClippedSwigluFunction.apply(
-            gate_up, None, -1, m.alpha, m.limit, GPT_OSS_BIAS, True, 0, getattr(m, _MARK)
+            gate_up, None, -1, m.alpha, m.limit, GPT_OSS_BIAS, True, 0, backend
         )
 
 
-def _check_same_function(experts, original) -> None:
-    """The patch assumes Hugging Face's ``_apply_gate`` is the GPT-OSS clipped SwiGLU (module docstring).
-    A probe in fp32 (values on both sides of +-limit) catches a transformers version where it is not."""
+def _check_same_function(experts, backend: str) -> None:
+    """The patch assumes that the module's ``_apply_gate`` (its class's: Hugging Face's, or a subclass's
+    own) is the GPT-OSS clipped SwiGLU (module docstring). A probe in fp32 (values on both sides of
+    +-limit) catches a transformers version or a subclass where it is not."""
+    original = type(experts)._apply_gate
     device = next((p.device for p in experts.parameters()), torch.device("cpu"))
     if device.type == "meta":  # no data to run on (e.g. a model built under init_empty_weights)
         return
@@ -77,11 +80,11 @@ def _check_same_function(experts, original) -> None:
     probe = torch.linspace(-1.5, 1.5, 48, dtype=torch.float32, device=device).reshape(2, 24) * scale
     with torch.no_grad():
         expected = original(experts, probe)
-        got = _FusedApplyGate(experts)(probe)
+        got = _FusedApplyGate(experts)(probe, backend)
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
         raise RuntimeError(
-            "transformers' GptOssExperts._apply_gate no longer computes the GPT-OSS clipped SwiGLU "
-            f"(interleaved gate/up, alpha={experts.alpha}, limit={experts.limit}, +1); not patching"
+            f"{type(experts).__qualname__}._apply_gate does not compute the GPT-OSS clipped SwiGLU "
+            f"(interleaved gate/up, alpha={experts.alpha}, limit={experts.limit}, +1); nothing patched"
         )
 
 
@@ -107,7 +110,10 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
         ValueError: the model has no ``GptOssExperts`` module; its ``swiglu_limit`` is not > 0 (the
             operator's rule, from the probe); ``backend`` is not a backend's name.
         TypeError: ``backend`` is not a string.
-        RuntimeError: the installed transformers computes another activation (checked on a probe).
+        RuntimeError: a module's class (the installed transformers' ``GptOssExperts``, or a subclass)
+            computes another activation (checked on a probe).
+
+    Every module is checked before any is changed: when it raises, nothing is patched.
     """
     experts_class = _experts_class()
     check_backend_name(backend)
@@ -116,10 +122,12 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
         raise ValueError(
             f"model must contain GptOssExperts modules (a GPT-OSS model), got {type(model).__name__}"
         )
+    for module in experts:  # every module checked before any is changed: a refusal patches nothing
+        if not is_patched(module):
+            _check_same_function(module, backend)
     for module in experts:
         setattr(module, _MARK, backend)
         if not is_patched(module):
-            _check_same_function(module, experts_class._apply_gate)
             module._apply_gate = _FusedApplyGate(module)
     return model
 
