@@ -248,7 +248,8 @@ def test_mxfp8_and_bf16_runs_against_the_exact_float64_mlp(variant):
 
 def test_bf16_baseline_is_the_operators_stage_one_without_quantisation():
     x, w1, w2, ends, dout, glu = make_problem([50, 14], seed=6, variant="gpt_oss")
-    out, dx, _, _ = run(x, w1, w2, ends, dout, glu, backend="cpu", quantize=False)
+    cap = {}
+    out, dx, dw1, dw2 = run(x, w1, w2, ends, dout, glu, capture=cap, backend="cpu", quantize=False)
     h = torch.cat([(x[s:e].float() @ w1[g].float()).to(BF16) for g, (s, e) in enumerate(ranges(ends))])
     act = swiglu_ops.clipped_swiglu(h)  # GPT-OSS stage 1 of the forward operator, exactly
     for g, (s, e) in enumerate(ranges(ends)):
@@ -259,6 +260,13 @@ def test_bf16_baseline_is_the_operators_stage_one_without_quantisation():
     dh = swiglu_ops.clipped_swiglu_grad(dact, h)
     for g, (s, e) in enumerate(ranges(ends)):
         assert_gemm(dx[s:e], dh[s:e].double(), w1[g].double().t())
+    # capture= holds this mode's intermediates too: no quantised operands
+    assert set(cap) == {"gemm", "h", "act", "dact", "dh", "dout", "dx", "dw1", "dw2", "db1", "db2", "dprobs"}
+    assert cap["gemm"] == "bf16" and cap["db1"] is None and cap["db2"] is None and cap["dprobs"] is None
+    for name, want in (("h", h), ("act", act), ("dact", dact), ("dh", dh), ("dout", dout)):
+        assert torch.equal(cap[name], want), name
+    for name, want in (("dx", dx), ("dw1", dw1), ("dw2", dw2)):
+        assert torch.equal(cap[name], want), name
 
 
 # ------------------------------------------------------------------------------------------------ groups
@@ -367,8 +375,11 @@ def test_bad_arguments_are_clear_errors():
             f(x, w1, w2, torch.tensor([8, 4]), quantize=quantize)
     with pytest.raises(ValueError, match="limit, alpha and bias"):
         f(x, w1, w2, ends, limit=7.0)
-    with pytest.raises(ValueError, match="gemm must be one of"):
-        f(x, w1, w2, ends, gemm="cublas")
+    for quantize in (True, False):  # checked in the bf16 mode too, which runs neither
+        with pytest.raises(ValueError, match="gemm must be one of"):
+            f(x, w1, w2, ends, gemm="cublas", quantize=quantize)
+        with pytest.raises(ValueError, match="backend must be one of"):
+            f(x, w1, w2, ends, backend="nonsense", quantize=quantize)
     with pytest.raises(ValueError, match="needs MX GEMMs"):
         f(x, w1, w2, ends, gemm="scaled_mm")
     with pytest.raises(ValueError, match="at least one expert"):

@@ -61,7 +61,7 @@ def test_converter_replaces_every_grouped_experts(model, recipe):
         }
 
 
-def test_converter_leaves_subclasses_and_rejects_unknown_recipes():
+def test_converter_leaves_subclasses_and_rejects_unknown_options():
     from torchtitan.models.common.moe import RoutedExperts
     from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
     from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
@@ -77,6 +77,15 @@ def test_converter_leaves_subclasses_and_rejects_unknown_recipes():
         FusedExpertsConverter.Config(recipe="fp4").build()
     with pytest.raises(ValueError, match="recipe must be one of"):
         FusedGroupedExperts(FusedGroupedExperts.Config(dim=64, hidden_dim=64, num_experts=4, recipe="fp4"))
+    # backend and gemm too, where the config is built (not at the first forward), in either recipe
+    for bad, match in (
+        (dict(backend="nonsense"), "backend must be one of"),
+        (dict(gemm="x"), "gemm must be"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            FusedExpertsConverter.Config(recipe="bf16", **bad).build()
+        with pytest.raises(ValueError, match=match):
+            FusedGroupedExperts(FusedGroupedExperts.Config(dim=64, hidden_dim=64, num_experts=4, **bad))
 
 
 # ------------------------------------------------------------------------- one process, against torchtitan

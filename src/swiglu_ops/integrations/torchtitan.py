@@ -55,7 +55,7 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.tools.logging import logger
 
-from ..training.expert_mlp import mxfp8_expert_mlp
+from ..training.expert_mlp import check_options, mxfp8_expert_mlp
 
 __all__ = ["FusedGroupedExperts", "FusedExpertsConverter", "RECIPES"]
 
@@ -86,9 +86,12 @@ def _shard_sizes(t: torch.Tensor, dim: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _check_recipe(recipe: str) -> None:
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+def _check_config(config) -> None:
+    """A config's ``recipe``, ``backend`` and ``gemm``, checked where it is built (not at the first
+    forward)."""
+    if config.recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {config.recipe!r}")
+    check_options(config.backend, config.gemm)
 
 
 class FusedGroupedExperts(GroupedExperts):
@@ -109,7 +112,7 @@ class FusedGroupedExperts(GroupedExperts):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        _check_recipe(config.recipe)
+        _check_config(config)
         self.dim, self.hidden_dim = config.dim, config.hidden_dim
         self.recipe, self.backend, self.gemm = config.recipe, config.backend, config.gemm
 
@@ -187,7 +190,7 @@ class FusedExpertsConverter(QuantizationConverter):
         gemm: str = "auto"
 
     def __init__(self, config: Config):
-        _check_recipe(config.recipe)
+        _check_config(config)
         self.config = config
 
     def convert(self, model_config):

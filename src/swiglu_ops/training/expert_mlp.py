@@ -233,8 +233,7 @@ def mx_gemm_support(device: torch.device) -> str | None:
 
 
 def _resolve_gemm(gemm: str, x: torch.Tensor, ends: torch.Tensor) -> str:
-    if gemm not in GEMMS:
-        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    """The GEMM path of a checked ``gemm`` (:func:`check_options`) for x's device."""
     if gemm == "emulated":
         return gemm
     supported = mx_gemm_support(x.device)
@@ -360,6 +359,8 @@ class _ExpertMLPFunction(torch.autograd.Function):
             act = glu_math.forward_rounded(h, glu, probs)  # the router's probabilities: the last fp32 op
             out = _grouped_mm(act, w2, offs)
             saved = (act,)
+            if capture is not None:
+                capture.update(gemm=path, h=h, act=act)
         if b2 is not None:
             out = out + b2[experts]
         ctx.save_for_backward(x, w1, w2, ends, h, experts, probs, *saved)
@@ -392,6 +393,10 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 db1 = _group_sums(dh, experts, w1.shape[0]) if need_b1 else None
                 if need_probs:  # dL/dprobs = sum_h dact * act16, act16 the unweighted activation (rounded)
                     dprobs = glu_math.act16_product(dact, h, glu).sum(-1).view(probs.shape)
+                if ctx.capture is not None:
+                    ctx.capture.update(dact=dact, dh=dh)
+            if ctx.capture is not None:
+                ctx.capture.update(dout=dout, dx=dx, dw1=dw1, dw2=dw2, db1=db1, db2=db2, dprobs=dprobs)
             return dx, dw1, dw2, *([None] * 9), db1, db2, dprobs
 
         path, capture = ctx.path, ctx.capture
@@ -483,7 +488,14 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
     V.mx_glu_params(True, interleaved, limit, alpha, bias)
     if not isinstance(quantize, bool):
         raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
-    if gemm not in GEMMS:
+    check_options(backend, gemm)
+
+
+def check_options(backend, gemm) -> None:
+    """The expert MLP's ``backend`` (``"auto"`` or a backend's name) and ``gemm`` (one of ``GEMMS``), checked
+    where they are given (a module's construction, a call), also in the bf16 mode that uses no MX GEMM."""
+    check_backend_name(backend)
+    if not isinstance(gemm, str) or gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
 
 
@@ -533,8 +545,10 @@ def mxfp8_expert_mlp(
         backend: backend of the fused operators ("auto", "reference", "cpu", "triton").
         gemm: "auto", "emulated", "scaled_grouped_mm" or "scaled_mm" (module docstring).
         capture: a dict to receive the intermediate tensors (``h``, ``act``, ``w2q``, ``dact``, ``dh``,
-            ``w1q``, ``xq``, ``doutq``, ``dout``, ``dx``, ``dw1``, ``dw2``, ``db1``, ``db2``, ``gemm``); eager
-            mode only.
+            ``w1q``, ``xq``, ``doutq``, ``dout``, ``dx``, ``dw1``, ``dw2``, ``db1``, ``db2``, ``dprobs``,
+            ``gemm``; a gradient not computed is None); eager mode only. The bf16 mode (``quantize=False``)
+            has no quantised operands: ``h``, ``act``, ``dact``, ``dh``, ``dout`` and the gradients, with
+            ``gemm`` "bf16".
         b1, b2: optional per-expert linear biases (GPT-OSS's ``gate_up_proj_bias`` / ``down_proj_bias``),
             ``[E, 2H]`` and ``[E, d]`` bf16 (b1 in w1's column order), each added to its GEMM's bf16 result
             and rounded (as Hugging Face's ``grouped_mm`` does). Gradients: per-expert sums in fp32, rounded
@@ -613,9 +627,7 @@ class MXFP8ExpertMLP(torch.nn.Module):
         V.mx_glu_params(True, interleaved, limit, alpha, bias)
         if not isinstance(quantize, bool):
             raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
-        check_backend_name(backend)
-        if gemm not in GEMMS:
-            raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+        check_options(backend, gemm)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype (of the master weights) must be a floating dtype, got {dtype!r}")
         kw = dict(device=device, dtype=dtype)
