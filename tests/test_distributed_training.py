@@ -218,6 +218,10 @@ def _ep_worker(rank: int, world: int) -> dict:
         swiglu_ops.dispatch_tokens(x[1:], ends, E)
     with pytest.raises(ValueError, match="cumulative token end per expert"):
         swiglu_ops.dispatch_tokens(x, ends[:2], E)
+    with pytest.raises(TypeError, match="num_experts must be an int"):
+        swiglu_ops.dispatch_tokens(x, ends, float(E))
+    with pytest.raises(ValueError, match="positive multiple of the world size"):
+        swiglu_ops.dispatch_tokens(x, ends, -2)
     with pytest.raises(ValueError, match="local experts"):
         swiglu_ops.ExpertParallelMLP(swiglu_ops.MXFP8ExpertMLP(E, D, H), E)
     return checks
@@ -244,6 +248,12 @@ def test_single_process_order_is_by_expert_then_rank():
     # rank 0: expert 0 -> row 0, expert 1 -> rows 1, 2; rank 1: expert 0 -> rows 3, 4, 5
     assert swiglu_ops.single_process_order(torch.tensor([[1, 2], [3, 0]])).tolist() == [0, 3, 4, 5, 1, 2]
     assert swiglu_ops.single_process_order(torch.zeros(2, 3, dtype=torch.int64)).tolist() == []
+    with pytest.raises(ValueError, match=r"counts must be \[world, E\]"):
+        swiglu_ops.single_process_order(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="counts must be"):
+        swiglu_ops.single_process_order(torch.tensor([[1, -2]]))
+    with pytest.raises(TypeError, match="counts must be an int64 or int32 tensor"):
+        swiglu_ops.single_process_order(torch.ones(2, 2))
 
 
 # --------------------------------------------------------------------------------------------- example

@@ -35,6 +35,7 @@ and E8M0 tensors cannot cross a gloo collective themselves). ``E % world == 0`` 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -139,8 +140,12 @@ def dispatch_tokens(
     and the received counts (the receive splits); nothing else waits for the device.
     """
     world = dist.get_world_size(group)
-    if num_experts % world:
-        raise ValueError(f"num_experts ({num_experts}) must be a multiple of the world size ({world})")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral):
+        raise TypeError(f"num_experts must be an int, got {type(num_experts).__name__}")
+    if num_experts < 1 or num_experts % world:
+        raise ValueError(
+            f"num_experts ({num_experts}) must be a positive multiple of the world size ({world})"
+        )
     check_expert_ends(group_ends, num_experts)
     local = num_experts // world
     counts = ends_to_counts(group_ends.to(device=x.device, dtype=torch.int64)).view(world, local)
@@ -179,6 +184,10 @@ def single_process_order(counts: torch.Tensor) -> torch.Tensor:
     each sorted by expert) is sorted by expert and, within an expert, by rank: the order in which the
     expert's rank runs them. ``counts_to_ends(counts.sum(0))`` are its group ends. ``p`` also maps the
     one-process results back: row ``i`` of ``torch.cat(xs)`` is row ``p.argsort()[i]`` of them."""
+    if not isinstance(counts, torch.Tensor) or counts.dtype not in (torch.int64, torch.int32):
+        raise TypeError("counts must be an int64 or int32 tensor [world, E]")
+    if counts.dim() != 2 or bool((counts < 0).any()):
+        raise ValueError(f"counts must be [world, E] token counts (>= 0), got shape {tuple(counts.shape)}")
     counts = counts.to(torch.int64)
     world, experts = counts.shape
     rank_expert = torch.arange(world * experts).view(world, experts)  # rows of cat(xs): (rank, expert) blocks
