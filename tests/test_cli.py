@@ -115,6 +115,20 @@ def test_bad_options_are_usage_errors_before_any_work(argv, message, capsys):
     assert message in err, err
 
 
+def test_demo_refuses_a_backend_that_cannot_run_here(monkeypatch, capsys):
+    """A backend that exists but cannot run the demo's CPU tensors (Triton without its interpreter) is a
+    usage error with the reason, before any work (it used to fail mid-run with a traceback)."""
+    monkeypatch.setattr(
+        cli, "backend_status", lambda name, device: (False, "CPU tensors need TRITON_INTERPRET=1")
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--backend", "triton"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--backend: 'triton' cannot run the demo's CPU tensors: CPU tensors need TRITON_INTERPRET=1" in err
+    assert "swiglu_ops demo" not in capsys.readouterr().out
+
+
 def test_demo_makes_the_folder_of_its_picture(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "new" / "folder" / "curves.png"

@@ -28,7 +28,7 @@ from .numerics.tolerances import (
 )
 from .ops import api
 from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_axis
-from .ops.registry import check_backend_name
+from .ops.registry import backend_status, check_backend_name
 from .ops.table import EXAMPLE_CASES, PUBLIC
 from .ops.validate import mx_glu_params
 from .training.expert_mlp import MXFP8ExpertMLP, check_sizes, expert_mlp_reference
@@ -223,6 +223,10 @@ def _check_plot_path(path: str) -> str | None:
 
 
 def demo(argv=None) -> int:
+    """Train a small MoE expert MLP in bf16 and in MXFP8 (both fused dual-axis MX operators, router
+    probabilities through their weight) from the same weights, for CANN's plain and GPT-OSS's clipped
+    SwiGLU: the output's and every gradient's error against the float64 MLP, the two loss curves, and the
+    time per backend of the two fused operators and of a training step (the main job)."""
     p = argparse.ArgumentParser(prog="swiglu-ops demo", description=demo.__doc__)
     p.add_argument(
         "--tokens",
@@ -259,6 +263,8 @@ def demo(argv=None) -> int:
         check_backend_name(args.backend)
     except ValueError as exc:
         p.error(f"--backend: {exc}")
+    if args.backend != "auto" and not (status := backend_status(args.backend, "cpu"))[0]:
+        p.error(f"--backend: {args.backend!r} cannot run the demo's CPU tensors: {status[1]}")
     if args.plot is not None and (why := _check_plot_path(args.plot)) is not None:
         p.error(f"--plot: {why}")
 
@@ -424,7 +430,7 @@ def main(argv=None) -> int:
             print(f"swiglu-ops: unknown command {argv[0]!r} (one of: {', '.join(COMMANDS)})", file=sys.stderr)
         print(
             "usage: swiglu-ops {demo,verify,bench} [options]\n"
-            "  demo    MoE expert-MLP backward: bf16 vs MXFP8 gradients, time per backend (the main job)\n"
+            "  demo    train a small MoE expert MLP in bf16 and MXFP8: errors, losses, speed (the main job)\n"
             "  verify  check every available backend against the reference\n"
             "  bench   benchmark against the copy roofline and the (compiled) reference"
         )
