@@ -899,3 +899,81 @@ def test_mx_quant_accepted(backend, x_shape, dtype, group_index, options):
         ((*lead, rows, c, 2), torch.float8_e8m0fnu),
     ]
     assert [(tuple(t.shape), t.dtype) for t in got] == expected
+
+
+# ------------------------------------------------- scalar arguments on every path (eager, meta, compile)
+
+#: A value of the wrong type per schema type (the custom op's schema would coerce it, or fail in torch).
+_WRONG = {"bool": [None, 0.5], "int": [1.5, "1"], "float": ["1.0", True], "str": [3], "ScalarType": ["e4m3"]}
+
+
+def _scalar_cases():
+    from swiglu_ops.ops.table import PUBLIC
+
+    for op in PUBLIC:
+        for p in op.params:
+            if p.is_tensor or p.to_schema is not None:
+                continue
+            for value in _WRONG[p.schema.removesuffix("?")]:
+                yield pytest.param(op, p.name, value, id=f"{op.name}: {p.name}={value!r}")
+
+
+@pytest.mark.parametrize(("op", "name", "value"), list(_scalar_cases()))
+def test_wrong_scalar_types_are_the_same_error_on_every_path(op, name, value):
+    """A wrong-typed scalar is the eager path's TypeError / ValueError, with its message, on meta tensors
+    and inside torch.compile too (it used to be coerced by the custom op's schema: ``interleaved=None`` ran
+    as False, ``alpha="1.0"`` was torch's RuntimeError)."""
+    from swiglu_ops.ops import api
+
+    args = op.example(torch.Generator().manual_seed(0), BF16, "cpu")
+    fn = getattr(api, op.name)
+    with pytest.raises((TypeError, ValueError)) as eager:
+        fn(**args, **{name: value}, backend="reference")
+    assert name in str(eager.value)
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    with pytest.raises(type(eager.value)) as on_meta:
+        fn(**meta, **{name: value})
+    assert str(on_meta.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_wrong_scalars_and_backends_inside_torch_compile(fullgraph):
+    """Inside torch.compile the same checks run while tracing: the eager error (fullgraph: Dynamo's error
+    that carries it), never a coerced value."""
+    x = torch.randn(8, 64)
+    cases = [
+        (lambda x: swiglu_ops.clipped_swiglu(x, interleaved=None), TypeError, "interleaved must be a bool"),
+        (lambda x: swiglu_ops.clipped_swiglu(x, alpha="1.0"), TypeError, "alpha must be a real number"),
+        (
+            lambda x: swiglu_ops.swiglu_mx_quant_dual_axis(x, scale_alg=1.0),
+            TypeError,
+            "scale_alg must be an int",
+        ),
+        (lambda x: swiglu_ops.clipped_swiglu(x, backend="bogus"), ValueError, "backend must be one of"),
+    ]
+    for fn, error, match in cases:
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=match) as info:
+            torch.compile(fn, fullgraph=fullgraph)(x)
+        if not fullgraph:
+            assert type(info.value) is error
+
+
+def test_meta_and_fake_calls_check_the_backend():
+    x = torch.empty(8, 64, device="meta")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        swiglu_ops.clipped_swiglu(x, backend="bogus")
+    with pytest.raises(TypeError, match="backend must be a string"):
+        swiglu_ops.clipped_swiglu(x, backend=3)
+    with pytest.raises(ValueError, match="backend must be one of"):  # the custom op itself, on meta tensors
+        torch.ops.swiglu_ops.clipped_swiglu(x, backend="bogus")
+
+
+def test_autograd_wrappers_check_the_backend_at_the_forward():
+    """clamped_swiglu and swiglu_mx_backward run their operator in the backward; a bad backend is an error
+    at the forward call (it used to surface only in backward())."""
+    x = torch.randn(8, 64, requires_grad=True)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        swiglu_ops.clamped_swiglu(x, backend="bogus")
+    with pytest.raises(TypeError, match="backend must be a string"):
+        swiglu_ops.swiglu_mx_backward(x, backend=42)

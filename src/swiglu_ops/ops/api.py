@@ -4,6 +4,8 @@ table; and :func:`mx_dequantize`.
 Every public operator function is generated from its row of :mod:`.table` (signature, defaults, docstring)
 and runs :func:`call`, the one dispatch point:
 
+0. Every scalar argument's type (its schema type, or its parameter's own rule) and the backend's name are
+   checked, on every path below: the custom op's schema would coerce a wrong type.
 1. Inside ``torch.compile`` the call becomes the registered custom op (one opaque node; its fake kernel gives
    the output shapes). A call whose tensors no kernel may read through a pointer (fake, meta, a tensor
    subclass such as a DTensor, or any call under an active ``TorchDispatchMode``) goes through the custom op
@@ -131,6 +133,9 @@ def _empty(impl, shape, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 def call(op: OpDef, values: dict, backend="auto", out=None):
     """The one dispatch point of every public operator function (module docstring)."""
+    for p in op.params:  # before either path: the custom op's schema would coerce a wrong type
+        p.check(values[p.name])
+    registry.check_backend_name(backend)
     if torch.compiler.is_compiling() or V.needs_dispatch({n: values[n] for n in op.tensor_params}):
         return _via_custom_op(op, values, backend, out)
     return _public_result(op, run(op, values, backend, out), values)

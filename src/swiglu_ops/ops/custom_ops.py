@@ -88,6 +88,7 @@ def _register(op: OpDef) -> None:
     def fake(*args, **kwargs):
         values, backend = bind(args, kwargs)
         plan = op.plan(**values)
+        registry.check_backend_name(backend)  # (meta tensors select no kernel)
         if plan.device.type != "meta":
             registry.select(backend, op.kernel, op.name, plan.device, plan.dtype)  # a bad backend errs here
         like = _first_tensor(op, values)

@@ -18,6 +18,7 @@ kernel receives) and the kernels that use it. Adding an operator is a row and it
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,16 @@ __all__ = ["Param", "Output", "Plan", "OpDef", "OPERATORS", "PUBLIC", "REQUIRED"
 #: A parameter without a default.
 REQUIRED = object()
 
+#: The Python values a scalar schema type takes (what ``Param.check`` holds a value to), and how its message
+#: names them. The schema itself would coerce (``None`` or ``0.5`` to a bool) or fail inside torch.
+_SCALAR_TYPES = {
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "int": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), "an int"),
+    "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a real number"),
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "ScalarType": (lambda v: isinstance(v, torch.dtype), "a torch.dtype"),
+}
+
 
 @dataclass(frozen=True)
 class Param:
@@ -47,10 +58,26 @@ class Param:
     kw_only: bool = False
     to_schema: Callable | None = None
     from_schema: Callable | None = None
+    #: the parameter's own check of a value, where its rule is more than its schema type (``check``)
+    rule: Callable | None = None
 
     @property
     def is_tensor(self) -> bool:
         return self.schema.startswith("Tensor")
+
+    def check(self, value) -> None:
+        """A scalar argument's type, as its schema type takes it (``TypeError`` naming it): every call checks
+        it before anything else, so that the custom op's path (torch.compile, fake, meta and DTensor inputs)
+        refuses what the eager path refuses instead of the schema coercing it. Its value rules are the
+        plan's. A parameter with ``to_schema`` is checked by that conversion; tensors by the plan."""
+        if self.rule is not None:
+            self.rule(value)
+            return
+        if self.is_tensor or self.to_schema is not None or (value is None and self.schema.endswith("?")):
+            return
+        accepts, what = _SCALAR_TYPES[self.schema.removesuffix("?")]
+        if not accepts(value):
+            raise TypeError(f"{self.name} must be {what}, got {type(value).__name__}")
 
     def schema_default(self) -> str:
         value = self.default if self.to_schema is None else self.to_schema(self.default)
@@ -342,7 +369,7 @@ def _mx_head(scale_alg_default):
     return (
         _optional("group_index"),
         Param("activate_left", "bool", True, kw_only=True),
-        Param("round_mode", "str", "rint", kw_only=True),
+        Param("round_mode", "str", "rint", kw_only=True, rule=mx.check_round_mode),
         Param("scale_alg", "int?", scale_alg_default, kw_only=True),
     )
 

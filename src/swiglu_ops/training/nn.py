@@ -91,8 +91,9 @@ def _half(x) -> torch.Tensor:
     return x[..., : x.shape[-1] // 2]
 
 
-def _validate_forward(x, weight, group_index, clamp_limit) -> float:
+def _validate_forward(x, weight, group_index, clamp_limit, backend) -> float:
     """The backward operator's validation, run at forward time so that errors point at the forward call."""
+    check_backend_name(backend)
     half = _half(x)
     V.check_dtensor_mix(dict(x=x, weight=weight, group_index=group_index))  # as the backward's gate will
     return V.validate_group_grad(half, x, weight, None if weight is None else half, group_index, clamp_limit)
@@ -101,7 +102,7 @@ def _validate_forward(x, weight, group_index, clamp_limit) -> float:
 class _ClampedSwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, group_index, clamp_limit, backend):
-        clamp = _validate_forward(x, weight, group_index, clamp_limit)
+        clamp = _validate_forward(x, weight, group_index, clamp_limit, backend)
         y = _unweighted_forward(x, group_index, clamp)
         if weight is not None:
             y = y * weight.reshape(*x.shape[:-1], 1)
@@ -350,6 +351,7 @@ class _SwiGLUMXFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss):
         limit, alpha, bias, interleaved = gpt_oss
+        check_backend_name(backend)  # here, not first in the backward
         _, scale_alg, glu = V.validate_mx_backward(
             x,
             _half(x),
