@@ -3,6 +3,8 @@ mx 1.5 and section 7 cases 5-7) and of the contract (spec README section 2), the
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -977,3 +979,51 @@ def test_autograd_wrappers_check_the_backend_at_the_forward():
         swiglu_ops.clamped_swiglu(x, backend="bogus")
     with pytest.raises(TypeError, match="backend must be a string"):
         swiglu_ops.swiglu_mx_backward(x, backend=42)
+
+
+_SETTINGS_PROBE = """
+import json, warnings, torch, swiglu_ops
+from swiglu_ops.ops import registry
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    swiglu_ops.clipped_swiglu(torch.randn(4, 8))
+why = registry.backend_status({name!r}, {device!r})[1]
+cpu = swiglu_ops.available_backends("cpu")
+print(json.dumps(dict(cpu=cpu, why=why, warned=[str(w.message) for w in caught])))
+"""
+
+
+@pytest.mark.parametrize(
+    ("variable", "backend", "device"),
+    [("SWIGLU_OPS_CPU_CACHE_MB", "cpu", "cpu"), ("SWIGLU_OPS_TRITON_HW_CVT", "triton", "cuda")],
+)
+def test_a_bad_setting_makes_its_backend_unavailable_not_the_process_fail(variable, backend, device):
+    """A bad value of a backend's environment setting makes that backend unavailable with the reason, as
+    SWIGLU_OPS_CPU_SIMD / _POOL do: available_backends() and the other backends keep working, "auto"
+    warns once and runs another (they used to raise from the import or from every call)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env[variable] = "banana"
+    code = _SETTINGS_PROBE.format(name=backend, device=device)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["why"] == f"ValueError: {variable} must be " + (
+        "a non-negative integer (MiB), got 'banana'" if backend == "cpu" else "0 or 1, got 'banana'"
+    )
+    if backend == "cpu":
+        assert report["cpu"] == ["reference"] and any(variable in w for w in report["warned"])
+    else:
+        assert "cpu" in report["cpu"] and not report["warned"]
+
+
+def test_available_backends_of_a_device_torch_cannot_reach():
+    """A CUDA device on a machine without one lists only the reference (the Triton backend needs a device
+    torch can use); a name that is no device is a ValueError naming the argument."""
+    if not torch.cuda.is_available():
+        assert swiglu_ops.available_backends("cuda") == ["reference"]
+    with pytest.raises(ValueError, match="device must be a torch.device"):
+        swiglu_ops.available_backends("bogus")

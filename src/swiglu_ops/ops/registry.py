@@ -122,7 +122,12 @@ def backend_status(name: str, device: torch.device | str) -> tuple[bool, str]:
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
     """Names of the backends that can run on ``device``, fastest first."""
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device must be a torch.device or a device string such as 'cpu', got {device!r}"
+        ) from exc
     first = _PREFERRED.get(device.type)
     order = (
         ([first] if first else []) + [n for n in _MODULES if n not in (first, "reference")] + ["reference"]

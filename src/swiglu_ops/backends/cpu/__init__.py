@@ -161,8 +161,18 @@ def cache_bytes_from_env(value: str | None) -> int:
     return mib << 20
 
 
+def _cache_setting() -> tuple[int, str]:
+    """The cache's byte cap from the environment, and why the backend is unavailable when the setting is
+    bad (as for ``SWIGLU_OPS_CPU_SIMD`` / ``_POOL``: "auto" then warns and runs the reference)."""
+    try:
+        return cache_bytes_from_env(os.environ.get("SWIGLU_OPS_CPU_CACHE_MB")), ""
+    except ValueError as exc:
+        return 0, f"ValueError: {exc}"
+
+
+_CACHE_BYTES, _SETTING_WHY = _cache_setting()
 #: Freed outputs kept for reuse, at most this many MiB of them (``SWIGLU_OPS_CPU_CACHE_MB``, 0 disables).
-OUTPUT_CACHE = OutputCache(max_bytes=cache_bytes_from_env(os.environ.get("SWIGLU_OPS_CPU_CACHE_MB")))
+OUTPUT_CACHE = OutputCache(max_bytes=_CACHE_BYTES)
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -182,6 +192,8 @@ def empty_cache() -> None:
 def is_available(device) -> tuple[bool, str]:
     if torch.device(device).type != "cpu":
         return False, "the cpu backend runs on CPU tensors only"
+    if _SETTING_WHY:
+        return False, _SETTING_WHY
     if LIBRARY.lib is None:
         return False, LIBRARY.why
     return True, ""

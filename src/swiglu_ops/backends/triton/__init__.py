@@ -53,7 +53,10 @@ def hw_conversions_from_env(value: str | None) -> bool:
     raise ValueError(f"SWIGLU_OPS_TRITON_HW_CVT must be 0 or 1, got {value!r}")
 
 
-HW_CONVERSIONS = hw_conversions_from_env(os.environ.get("SWIGLU_OPS_TRITON_HW_CVT"))
+try:
+    HW_CONVERSIONS, _SETTING_WHY = hw_conversions_from_env(os.environ.get("SWIGLU_OPS_TRITON_HW_CVT")), ""
+except ValueError as exc:  # the backend is unavailable and says why (as the cpu backend's settings)
+    HW_CONVERSIONS, _SETTING_WHY = False, f"ValueError: {exc}"
 
 # Both MX kernels: a program takes one 32-row block and MX_TILES_PER_PROGRAM tiles of 32 rows x MX_BLOCK_N
 # pairs along the row (a loop), with MX_NUM_WARPS warps: one warp per 32-column block of the tile, so that
@@ -122,6 +125,8 @@ def triton_version_ok(version: str) -> bool:
 
 def is_available(device) -> tuple[bool, str]:
     device = torch.device(device)
+    if _SETTING_WHY:
+        return False, _SETTING_WHY
     if not triton_version_ok(triton.__version__):
         need = ".".join(map(str, MIN_TRITON))
         return (
@@ -131,6 +136,8 @@ def is_available(device) -> tuple[bool, str]:
     if device.type == "cuda":
         if INTERPRETED:
             return False, "TRITON_INTERPRET=1 was set when swiglu_ops.backends.triton was imported"
+        if not torch.cuda.is_available():
+            return False, "torch has no CUDA device here (a CPU-only build, or no GPU visible)"
         return True, ""
     if device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
