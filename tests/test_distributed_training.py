@@ -209,6 +209,23 @@ def _ep_worker(rank: int, world: int) -> dict:
     back = swiglu_ops.combine_tokens(x_local, plan)
     checks["fp8 round trip"] = torch.equal(back.view(torch.uint8), x8.view(torch.uint8))
 
+    # a rank without tokens whose x needs no gradient, and a sum() loss (its gradient of an empty y has
+    # stride 0): the backward runs on every rank (it used to wait forever on rank 0 / fail on rank 1) and
+    # gives the gradients of the run where that x requires grad
+    torch.manual_seed(0)
+    full = swiglu_ops.MXFP8ExpertMLP(E, D, H)
+    x_mine = torch.randn(6, D) if rank == 0 else torch.empty(0, D)
+    ends_mine = torch.tensor([3, 6, 6, 6]) if rank == 0 else torch.zeros(E, dtype=torch.int64)
+    grads = []
+    for needs_grad in (True, rank == 0):
+        ep = swiglu_ops.ExpertParallelMLP.from_module(full)
+        xr = x_mine.clone().requires_grad_(needs_grad)
+        ep(xr, ends_mine).sum().backward()
+        grads.append((xr.grad, ep.experts.w1.grad.clone(), ep.experts.w2.grad.clone()))
+    (dx, dw1, dw2), (dx_b, dw1_b, dw2_b) = grads
+    same_x = dx_b is None if rank == 1 else torch.equal(dx, dx_b)
+    checks["no-token rank without grad"] = same_x and torch.equal(dw1, dw1_b) and torch.equal(dw2, dw2_b)
+
     # bad arguments fail on every rank before any collective (nothing hangs)
     x = batches[rank][0]
     ends = swiglu_ops.counts_to_ends(counts)
@@ -240,6 +257,7 @@ def test_expert_parallel_is_bitwise_one_process():
             assert all(checks[key].values()), (rank, key, checks[key])
         assert checks["swapped order gives other dW1"], rank
         assert checks["fp8 dispatch"] and checks["fp8 round trip"], rank
+        assert checks["no-token rank without grad"], rank
     assert results[1]["local rows"] == 0 and results[1]["local ends"] == [0, 0]  # rank 1 received nothing
     assert results[0]["local rows"] > 0
 

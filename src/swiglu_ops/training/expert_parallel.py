@@ -77,6 +77,10 @@ def _byte_rows(x: torch.Tensor) -> torch.Tensor:
     """The rows of ``x [T, ...]`` as ``uint8 [T, bytes per row]``: the collectives and permutations below
     work on bytes, so they copy every dtype bit for bit (FP8 and E8M0 included, which gloo and some CPU
     index kernels do not take on torch 2.13)."""
+    if (
+        x.numel() == 0
+    ):  # (an empty tensor with stride 0, e.g. the gradient of sum(), stays so in contiguous())
+        x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return x.contiguous().reshape(x.shape[0], math.prod(x.shape[1:])).view(torch.uint8)
 
 
@@ -235,9 +239,12 @@ class ExpertParallelMLP(torch.nn.Module):
         return cls(experts, e, group)
 
     def forward(self, x: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
-        x_local, local_ends, plan = dispatch_tokens(
-            x.to(torch.bfloat16), group_ends, self.num_experts, self.group
-        )
+        x = x.to(torch.bfloat16)
+        if torch.is_grad_enabled() and not x.requires_grad:
+            # The dispatch's backward is a collective: every rank must record it, also one whose x needs no
+            # gradient (e.g. a rank without tokens), or the others wait for it in backward()
+            x = x.detach().requires_grad_()
+        x_local, local_ends, plan = dispatch_tokens(x, group_ends, self.num_experts, self.group)
         return combine_tokens(self.experts(x_local, local_ends), plan)
 
     def extra_repr(self) -> str:
