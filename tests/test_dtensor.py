@@ -218,7 +218,8 @@ CASES = [
     ("fwd-S1-weight", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(interleaved=True, weight="rows"), S1, None),
     ("fwd-S0-groups", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(group_index=[33, 33, 128]), S0, None),
     ("fwd-S0-misaligned", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(m=64), S0, None),
-    # mx_dequantize (rows independent on axis -1; M on whole 64-row pairs without groups on axis -2)
+    # mx_dequantize (rows independent on axis -1, M not split with groups; M on whole 64-row pairs without
+    # groups on axis -2)
     ("deq1-S0", "mx_dequantize", "deq1", {}, S0, [S0]),
     ("deq1-S1", "mx_dequantize", "deq1", {}, S1, [S1]),
     ("deq2-S0", "mx_dequantize", "deq2", {}, S0, [S0]),
@@ -226,6 +227,8 @@ CASES = [
     ("deq2-S1-groups", "mx_dequantize", "deq2", dict(group_index=[33, 33, 128]), S1, [S1]),
     ("deq2-S0-groups-codes", "mx_dequantize", "deq2", dict(group_index=[33, 33, 128], codes=True), S0, None),
     ("deq1-S1-misaligned-codes", "mx_dequantize", "deq1", dict(c=128, codes=True), S1, None),
+    # axis -1 with group ends: rows stay independent, but the ends are global rows (checked against M)
+    ("deq1-S0-groups-codes", "mx_dequantize", "deq1", dict(group_index=[40, 128], codes=True), S0, None),
     ("op:deq2-S0", "op:mx_dequantize", "deq2", {}, S0, [S0]),
     ("op:deq1-R-codes", "op:mx_dequantize", "deq1", dict(codes=True), R, [R]),
     # a (1, 2) mesh: the single-dim strategies expanded over both mesh dims (token x hidden)
@@ -273,7 +276,7 @@ def _case_call(case, backend: str, gen):
     if args.pop("codes", False):  # uint8 codes: gloo can gather them (not FP8 / E8M0) when redistributing
         args.update(data=args["data"].view(torch.uint8), scale=args["scale"].view(torch.uint8))
         args["dst_dtype"] = torch.float8_e4m3fn
-    if kind.startswith("deq") and args.get("group_index") is not None:  # the ends that made the scales
+    if kind == "deq2" and args.get("group_index") is not None:  # the ends that made the scales
         data, scale = _grouped_y2(gen, args["group_index"], args["data"].dtype)
         args.update(data=data, scale=scale)
     if target == "op:mx_dequantize":

@@ -140,14 +140,16 @@ LAYOUTS: dict[str, Layout] = {
 
 def _dequantize_dims(values: dict, n: int) -> Dims:
     """mx_dequantize: data [*batch, M, W] (W bytes: N codes, or N/2 packed FP4 bytes) and its scale. Axis -1
-    (mxscale1 [*batch, M, P, 2]): rows are independent; the columns split on whole 64-element scale pairs
-    (``W % (64n) == 0``, conservative for FP4). Axis -2 (mxscale2 [*batch, R, N, 2]): columns are independent
-    (whole bytes: ``W % n == 0``); M splits on whole 64-row pairs without groups, batch dims always."""
+    (mxscale1 [*batch, M, P, 2]): rows are independent, but given group ends (global row numbers, checked
+    against M) M is not split; the columns split on whole 64-element scale pairs (``W % (64n) == 0``,
+    conservative for FP4). Axis -2 (mxscale2 [*batch, R, N, 2]): columns are independent (whole bytes:
+    ``W % n == 0``); M splits on whole 64-row pairs without groups, batch dims always."""
     data = _shape(values["data"])
     *lead, m, w = data
-    if values["axis"] == -1:
-        return Dims(tuple(range(len(lead) + 1)), len(data) - 1 if w % (64 * n) == 0 else None)
     token = tuple(range(len(lead)))
+    if values["axis"] == -1:
+        token += (len(lead),) if values["group_index"] is None else ()
+        return Dims(token, len(data) - 1 if w % (64 * n) == 0 else None)
     if values["group_index"] is None and m % (64 * n) == 0:
         token += (len(lead),)
     return Dims(token, len(data) - 1 if w % n == 0 else None)
