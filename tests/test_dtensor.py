@@ -457,7 +457,39 @@ def _expert_mlp_names_a_dtensor(mesh) -> str | None:
     return "no TypeError"
 
 
+def _errors_keep_their_types(mesh) -> str | None:
+    """A bad argument beside DTensor inputs is the plain call's TypeError / ValueError with its message
+    (DTensor's sharding propagation used to wrap the fake kernel's error in a RuntimeError)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import swiglu_ops
+
+    x = torch.randn(128, 256).bfloat16()
+    y1, s1, _, _ = swiglu_ops.swiglu_mx_quant_dual_axis(x, backend="reference")
+    calls = {
+        "scale_alg=2": lambda t: swiglu_ops.swiglu_mx_quant_dual_axis(t, scale_alg=2),
+        "fp32 y_grad": lambda t: swiglu_ops.swiglu_backward_mx_quant_dual_axis(t, t[:, :128].float()),
+        "limit=0": lambda t: swiglu_ops.clipped_swiglu_grad(t[:, :128], t, limit=0.0),
+        "group_grad odd x": lambda t: swiglu_ops.swiglu_group_grad(t[:, :100], t[:, :100]),
+        "dequantize dtype": lambda t: swiglu_ops.mx_dequantize(
+            distribute_tensor(y1, mesh, [Shard(0)]), distribute_tensor(s1, mesh, [Shard(0)]), dtype=torch.int8
+        ),
+    }
+    for name, call in calls.items():
+        errors = []
+        for t in (x, distribute_tensor(x, mesh, [Shard(0)])):
+            try:
+                call(t)
+                errors.append(None)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                errors.append((type(exc), str(exc)))
+        if errors[0] is None or errors[1] != errors[0]:
+            return f"{name}: plain {errors[0]}, DTensor {errors[1]}"
+    return None
+
+
 EXTRA_CHECKS = {
+    "errors_keep_their_types": _errors_keep_their_types,
     "outputs_do_not_require_grad": _outputs_do_not_require_grad,
     "clamped_swiglu_with_groups": _clamped_swiglu_with_groups,
     "expert_mlp_names_a_dtensor": _expert_mlp_names_a_dtensor,

@@ -67,6 +67,8 @@ def _via_custom_op(op: OpDef, values: dict, backend, out):
             "read through a pointer (fake, meta, a subclass such as DTensor, or a dispatch mode is active); "
             "call it without out="
         )
+    if not compiling and any(V.is_dtensor(values[n]) for n in op.tensor_params):
+        op.plan(**values)  # DTensor would wrap the fake kernel's TypeError / ValueError in a RuntimeError
     # detached as on the plain path: the operators are not differentiable (no output requires grad)
     args = {n: V.detached(v) for n, v in _schema_values(op, values).items()}
     outs = _custom_op(op)(**args, backend=backend)
@@ -202,6 +204,10 @@ def mx_dequantize(
     V.check_dequantize_dtype(dtype)  # before the custom op's schema sees it
     tensors = {"data": data, "scale": scale, "group_index": group_index}
     if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
+        if not torch.compiler.is_compiling() and any(map(V.is_dtensor, tensors.values())):
+            V.dequantize_spec(
+                data, scale, axis, group_index, dst_dtype, dtype
+            )  # (as in call's custom-op path)
         return torch.ops.swiglu_ops.mx_dequantize(
             data, scale, axis=axis, group_index=group_index, dtype=dtype,
             dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),
