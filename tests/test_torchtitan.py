@@ -283,7 +283,36 @@ def _worker(rank, world_size):
         except ValueError as exc:  # raised on every rank before any collective: nothing waits
             results[recipe, "tp96"] = str(exc)
     results["placements"] = _placement_errors(world_size)
+    results["empty shard"] = _empty_shard(world_size)
     return results
+
+
+def _empty_shard(world_size):
+    """F = 1 under TP = 2 (shards of 1 and 0 columns), recipe bf16: every rank computes (the empty shard as
+    one zero block; it used to raise on that rank only) and the shards' partial outputs add up to the
+    unsharded module's output."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    experts = FusedGroupedExperts(
+        FusedGroupedExperts.Config(dim=D, hidden_dim=1, num_experts=2, recipe="bf16", backend="cpu")
+    )
+    gen = torch.Generator().manual_seed(5)
+    full = {n: torch.randn(getattr(experts, n).shape, generator=gen) for n in ("w1_EFD", "w3_EFD", "w2_EDF")}
+    x, counts = torch.randn(3, D, generator=gen), torch.tensor([1, 2])
+    for name, t in full.items():
+        setattr(experts, name, torch.nn.Parameter(t.clone()))
+    want = experts(x, counts).detach()
+    for name, dim in (("w1_EFD", 1), ("w3_EFD", 1), ("w2_EDF", 2)):
+        setattr(experts, name, torch.nn.Parameter(distribute_tensor(full[name], mesh, [Shard(dim)])))
+    try:
+        got = experts(x, counts).detach()
+    except ValueError as exc:
+        return str(exc)
+    dist.all_reduce(got)
+    return float((got - want).abs().max()), _partial_sum_tol(want)
 
 
 def _placement_errors(world_size):
@@ -382,6 +411,13 @@ def test_tensor_parallel_block_splitting_shard(distributed):
         assert isinstance(msg, str), "MXFP8 with 48 columns of F per shard must raise"
         assert "F = 96 sharded into F = [48, 48] per shard" in msg and "multiple of 32" in msg, msg
         _check_tp(res["bf16", "ref96"], res["bf16", "tp96"], rank, 96)  # bf16: padded, still exact per shard
+
+
+def test_an_empty_tensor_parallel_shard_computes(distributed):
+    for rank, res in enumerate(distributed):
+        assert isinstance(res["empty shard"], tuple), f"rank {rank}: {res['empty shard']}"
+        error, tol = res["empty shard"]
+        assert error <= tol, (rank, error, tol)
 
 
 @pytest.mark.slow(seconds=30)

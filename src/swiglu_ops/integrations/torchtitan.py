@@ -148,7 +148,7 @@ class FusedGroupedExperts(GroupedExperts):
                 f"num_tokens_per_expert_E has {num_tokens_per_expert_E.numel()} counts for {e} local experts"
             )
         w1, w2, w3 = w1.bfloat16(), w2.bfloat16(), w3.bfloat16()
-        pf = -f % _MX_BLOCK
+        pf = -f % _MX_BLOCK if f else _MX_BLOCK  # (an empty shard, F < TP degree: one zero block)
         if pf:  # zero padding to whole MX blocks: exact (module docstring)
             w1, w3, w2 = F.pad(w1, (0, 0, 0, pf)), F.pad(w3, (0, 0, 0, pf)), F.pad(w2, (0, pf))
         # gate | up as [e, D, 2F] and the down projection as [e, F, D]: transposed views of [e, 2F, D] and
