@@ -443,18 +443,25 @@ def _clamped_swiglu_with_groups(mesh) -> str | None:
 
 
 def _expert_mlp_names_a_dtensor(mesh) -> str | None:
-    """mxfp8_expert_mlp computes on local tensors: a DTensor operand is a TypeError naming it."""
+    """mxfp8_expert_mlp computes on local tensors: a DTensor operand (probs too) is a TypeError naming it."""
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     import swiglu_ops
 
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     w1, w2 = torch.zeros(2, 64, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
-    try:
-        swiglu_ops.mxfp8_expert_mlp(distribute_tensor(x, mesh, [Replicate()]), w1, w2, torch.tensor([1, 4]))
-    except TypeError as exc:
-        return None if "x is a DTensor" in str(exc) and "to_local()" in str(exc) else f"message: {exc}"
-    return "no TypeError"
+    ends, probs = torch.tensor([1, 4]), torch.ones(4)
+    for name, args, kwargs in (
+        ("x", (distribute_tensor(x, mesh, [Replicate()]), w1, w2, ends), {}),
+        ("probs", (x, w1, w2, ends), dict(probs=distribute_tensor(probs, mesh, [Replicate()]))),
+    ):
+        try:
+            swiglu_ops.mxfp8_expert_mlp(*args, **kwargs)
+            return f"{name}: no TypeError"
+        except TypeError as exc:
+            if f"{name} is a DTensor" not in str(exc) or "to_local()" not in str(exc):
+                return f"{name}: message: {exc}"
+    return None
 
 
 def _errors_keep_their_types(mesh) -> str | None:

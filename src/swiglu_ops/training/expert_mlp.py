@@ -443,14 +443,19 @@ def check_bf16(**tensors) -> None:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if V.is_dtensor(t):
-            raise TypeError(
-                f"{name} is a DTensor: the expert MLP computes on each rank's local tensors; pass "
-                f"{name}.to_local() (swiglu_ops.integrations.torchtitan.FusedGroupedExperts does so under "
-                "expert and tensor parallelism)"
-            )
+        check_local(name, t)
         if t.dtype != _BF16:
             raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+
+
+def check_local(name: str, t) -> None:
+    """TypeError for a DTensor operand of the expert MLP, which computes on each rank's local tensors."""
+    if V.is_dtensor(t):
+        raise TypeError(
+            f"{name} is a DTensor: the expert MLP computes on each rank's local tensors; pass "
+            f"{name}.to_local() (swiglu_ops.integrations.torchtitan.FusedGroupedExperts does so under "
+            "expert and tensor parallelism)"
+        )
 
 
 def check_sizes(two_h: int, d: int) -> None:
@@ -567,6 +572,7 @@ def mxfp8_expert_mlp(
         double backward.
     """
     _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2)
+    check_local("probs", probs)
     V.check_weight(probs, x, x.shape[0], name="probs")
     return _ExpertMLPFunction.apply(
         x.contiguous(),  # any layout: the GEMMs and the MX operators read rows
