@@ -94,6 +94,8 @@ def test_sigmoid_table_is_within_two_ulp_of_the_sigmoid_with_a_correctly_rounded
         ("SILU_MIN", 1.0, 7.0),
         ("SILU_DERIV", 1.0, float("inf")),
         ("SILU_DERIV", 1.0, 7.0),
+        ("SIGMOID_GLU", 1.0, float("inf")),  # the pair tables: two floats per entry (act_table once wrote
+        ("GLU_SIG_GLU", 1.702, 7.0),  # them into a one-float buffer: a heap overflow)
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -386,6 +388,44 @@ def test_group_grad_bit_identical_on_every_instruction_set(dtype, clamp):
         args = (dy, x, weight, y_origin, torch.tensor([15]), clamp)
         results = _on_every_isa(lambda a=args: swiglu_ops.swiglu_group_grad(*a, backend="cpu"))
         _assert_all_equal(results, ("grad_x", "grad_weight"))
+
+
+def test_grad_weight_nans_are_canonical_on_every_instruction_set():
+    """A row whose products hold NaNs of both signs (inf * 0 is -NaN on x86, a NaN input +NaN): grad_weight
+    is the canonical NaN on every instruction set (its sign and payload followed each one's summation
+    order), in swiglu_group_grad and in the weighted MX backward."""
+    dy = torch.randn(2, 300).bfloat16()
+    dy[0, 0], dy[0, 297] = float("inf"), float("nan")
+    y_origin = torch.randn(2, 300).bfloat16()
+    y_origin[0, 0] = 0.0
+    x, w = torch.randn(2, 600).bfloat16(), torch.ones(2)
+    results = _on_every_isa(lambda: swiglu_ops.swiglu_group_grad(dy, x, w, y_origin, backend="cpu"))
+    _assert_all_equal(results, ("grad_x", "grad_weight"))
+    assert results[0][1].view(torch.int32)[0].item() == 0x7FC00000
+    x, dy = torch.full((2, 320), 20.0).bfloat16(), torch.randn(2, 160).bfloat16()
+    x[0, 160], dy[0, 0], dy[0, 64] = 0.0, float("inf"), float("nan")
+    results = _on_every_isa(
+        lambda: swiglu_ops.swiglu_backward_mx_quant_dual_axis(x, dy, weight=w, backend="cpu")
+    )
+    _assert_all_equal(results, ("y1", "mxscale1", "y2", "mxscale2", "grad_weight"))
+    assert results[0][4].view(torch.int32)[0].item() == 0x7FC00000
+
+
+def test_fp32_attributes_are_written_as_their_bits():
+    """cpu.fp32_bits (how alpha, limit, bias and the clamp reach the C structs, whatever the caller's
+    flush-to-zero) is each fp32 value's IEEE bits: every subnormal and normal exponent, signs, 0, inf."""
+    gen = torch.Generator().manual_seed(3)
+    patterns = torch.cat([
+        torch.randint(0, 2**31 - 1, (20000,), generator=gen),
+        torch.arange(0, 4096),  # the smallest subnormals
+        torch.tensor([0x007FFFFF, 0x00800000, 0x00800001, 0x3F800000, 0x7F7FFFFF, 0x7F800000]),
+    ])  # fmt: skip
+    for signed in (patterns, patterns | 0x80000000):
+        bits = signed.to(torch.int64).to(torch.uint32).view(torch.int32)
+        for b, v in zip(bits.tolist(), bits.view(torch.float32).tolist(), strict=True):
+            if v == v:
+                assert cpu_backend.fp32_bits(v) == b & 0xFFFFFFFF, (hex(b & 0xFFFFFFFF), v)
+    assert cpu_backend.fp32_bits(float("nan")) == 0x7FC00000
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

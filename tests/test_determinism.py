@@ -76,30 +76,49 @@ def test_mx_quant_is_deterministic(backend, group_index):
 _X86 = __import__("platform").machine() in ("x86_64", "AMD64")
 
 
-def _ftz_cases():
-    """Calls whose inputs or results hold fp32 subnormals (inputs made here, before any flushing)."""
+def _ftz_cases(backend: str):
+    """Calls whose inputs, scalar attributes or results hold fp32 subnormals (inputs made here, before any
+    flushing)."""
     gen = torch.Generator().manual_seed(11)
     tiny = torch.randn(64, 128, generator=gen) * 2.0**-126  # fp32 subnormals and small normals
     big = torch.randn(64, 128, generator=gen)
     sub_bf16 = (torch.randn(64, 128, generator=gen) * 1e-19).bfloat16()  # stage-1 values near 2**-126
+    near = torch.randn(64, 128, generator=gen) * 1e-40  # around a subnormal limit
+    sub = dict(limit=1e-40, alpha=1.0, bias=0.0)  # a subnormal fp32 attribute (cffi converts on the caller)
     return {
-        "clipped_swiglu": lambda: (swiglu_ops.clipped_swiglu(tiny, backend="reference"),),
-        "swiglu_group_grad": lambda: swiglu_ops.swiglu_group_grad(tiny[:, :64], big, backend="reference"),
-        "swiglu_mx_quant_dual_axis": lambda: swiglu_ops.swiglu_mx_quant_dual_axis(
-            sub_bf16, backend="reference"
-        ),
+        "clipped_swiglu": lambda: (swiglu_ops.clipped_swiglu(tiny, backend=backend),),
+        "swiglu_group_grad": lambda: swiglu_ops.swiglu_group_grad(tiny[:, :64], big, backend=backend),
+        "swiglu_mx_quant_dual_axis": lambda: swiglu_ops.swiglu_mx_quant_dual_axis(sub_bf16, backend=backend),
         "swiglu_backward_mx_quant_dual_axis": lambda: swiglu_ops.swiglu_backward_mx_quant_dual_axis(
-            sub_bf16, sub_bf16[:, :64], backend="reference"
+            sub_bf16, sub_bf16[:, :64], backend=backend
+        ),
+        "clipped_swiglu, subnormal limit": lambda: (
+            swiglu_ops.clipped_swiglu(near, limit=1e-40, backend=backend),
+        ),
+        "swiglu_group_grad, subnormal clamp": lambda: swiglu_ops.swiglu_group_grad(
+            near[:, :64], near, clamp_limit=1e-40, backend=backend
+        ),
+        "swiglu_mx_quant_dual_axis, subnormal limit": lambda: swiglu_ops.swiglu_mx_quant_dual_axis(
+            near, **sub, backend=backend
+        ),
+        "swiglu_backward_mx_quant_dual_axis, subnormal limit": lambda: (
+            swiglu_ops.swiglu_backward_mx_quant_dual_axis(near, near[:, :64] * 1e40, **sub, backend=backend)
         ),
     }
 
 
 @pytest.mark.skipif(not _X86, reason="torch.set_flush_denormal sets the x86 MXCSR")
-@pytest.mark.parametrize("name", sorted(_ftz_cases()))
-def test_reference_keeps_subnormals_whatever_the_caller_flushes(name):
-    """The oracle computes the contract (subnormals kept) under a caller's ``torch.set_flush_denormal(True)``,
-    as the cpu backend does, and hands the setting back: it used to flush on the calling thread's share."""
-    run = _ftz_cases()[name]  # the inputs are made before the flushing starts
+@pytest.mark.parametrize("name", sorted(_ftz_cases("reference")))
+@pytest.mark.parametrize("cpu_backend", ["reference", "cpu"])  # (the caller's MXCSR: the host's backends)
+def test_subnormals_are_kept_whatever_the_caller_flushes(cpu_backend, name):
+    """The host's backends compute the contract (subnormals kept) under a caller's
+    ``torch.set_flush_denormal(True)`` and hand the setting back: the oracle used to flush on the calling
+    thread's share, and the cpu backend received a subnormal limit or clamp as 0 (cffi converted it to fp32
+    under the caller's flush-to-zero)."""
+    if cpu_backend not in swiglu_ops.available_backends("cpu"):
+        pytest.skip(f"backend {cpu_backend!r} is not available here")
+    backend = cpu_backend
+    run = _ftz_cases(backend)[name]  # the inputs are made before the flushing starts
     plain = [t for t in run() if t is not None]
     assert torch.set_flush_denormal(True)
     try:

@@ -210,14 +210,37 @@ def _ptr(t: torch.Tensor | None, ctype: str = "void *"):
     return LIBRARY.ffi.NULL if t is None else LIBRARY.ffi.cast(ctype, t.data_ptr())
 
 
+def fp32_bits(value: float) -> int:
+    """The IEEE bits of ``value``, a Python float that is an fp32 value exactly (the validated attributes
+    are), by integer arithmetic: a C conversion to float (cffi's, struct's, torch's) obeys the calling
+    thread's flush-to-zero, which would turn a subnormal limit or clamp into 0 before the kernels, which run
+    with the default floating-point environment, ever see it."""
+    sign = 0x80000000 if math.copysign(1.0, value) < 0 else 0
+    magnitude = abs(value)
+    if magnitude != magnitude:
+        return 0x7FC00000
+    if magnitude == math.inf:
+        return sign | 0x7F800000
+    if magnitude == 0.0:
+        return sign
+    mant, exp = math.frexp(magnitude)  # magnitude = mant * 2**exp, 0.5 <= mant < 1 (exact)
+    if exp - 1 >= -126:  # normal: 1.f * 2**(exp - 1), 24 significant bits
+        return sign | (exp - 1 + 127) << 23 | (int(math.ldexp(mant, 24)) - (1 << 23))
+    return sign | int(math.ldexp(magnitude, 149))  # subnormal: a multiple of 2**-149
+
+
+def _set_fp32(dst, field: str, value: float) -> None:
+    """``dst.field = value`` for a C float field, written as its bits (:func:`fp32_bits`)."""
+    LIBRARY.ffi.cast("uint32_t *", LIBRARY.ffi.addressof(dst, field))[0] = fp32_bits(value)
+
+
 def _fill_glu(dst, glu: GluParams) -> None:
     dst.interleaved = glu.interleaved
     dst.a_index = glu.a_index
     dst.clipped = glu.clipped
     dst.clamp_mode = glu.clamp_mode
-    dst.alpha = glu.alpha
-    dst.limit = glu.limit
-    dst.bias = glu.bias
+    for field in ("alpha", "limit", "bias"):
+        _set_fp32(dst, field, getattr(glu, field))
     dst.gather = LIBRARY.gather
 
 
@@ -248,7 +271,7 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
     args.weight = _ptr(weight, "float *")
     args.y_origin = _ptr(y_origin)
     args.grad_weight = _ptr(grad_weight, "float *")
-    args.clamp = clamp
+    _set_fp32(args, "clamp", clamp)
     _run("swiglu_glu_run", args)
 
 
@@ -375,10 +398,12 @@ def act_table(
     kind: int, dtype: torch.dtype, alpha: float = 1.0, limit: float = math.inf, isa: str = ""
 ) -> torch.Tensor:
     """The activation table of a 16-bit dtype as the kernels of ``isa`` (default: the running one) build
-    it; for tests comparing instruction sets. SWIGLU_ACT_SILU_DERIV's table holds two floats per bit pattern
-    (interleaved: [65536, 2])."""
+    it; for tests comparing instruction sets. SWIGLU_ACT_SILU_DERIV's table and the pair tables
+    (SWIGLU_ACT_SIGMOID_GLU, SWIGLU_ACT_GLU_SIG_GLU) hold two floats per bit pattern (interleaved:
+    [65536, 2])."""
     lib = LIBRARY.lib
-    out = torch.empty((1 << 16) * (2 if kind == lib.SWIGLU_ACT_SILU_DERIV else 1), dtype=torch.float32)
+    width = 2 if kind >= lib.SWIGLU_ACT_SILU_DERIV else 1  # kernel.h's ACT_WIDTH: the pair tables too
+    out = torch.empty((1 << 16) * width, dtype=torch.float32)
     code = getattr(lib, f"SWIGLU_ISA_{isa.upper()}") if isa else LIBRARY.isa_code
     lib.swiglu_act_table(kind, _dtype(torch.empty(0, dtype=dtype)), alpha, limit, _ptr(out, "float *"), code)
     return out

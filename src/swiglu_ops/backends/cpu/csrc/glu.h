@@ -320,8 +320,10 @@ INLINE void glu_tile(const glu_job *job, int64_t r0, int64_t r1, int64_t p0, int
             p += 16;
         }
         if (p < p1) glu_step(&c, x, dy, out, half, p, m_lanes(p1 - p), 0, w, clamp, masked, a_index, op, dt, inter, flag);
-        if (op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0) /* never masked */
-            a->grad_weight[r] = 0.0f + FN(gg_pairwise)(dy, (const char *)a->y_origin + r * half * es, half, dt);
+        if (op == SWIGLU_OP_GROUP_GRAD && a->weight != NULL && p0 == 0) { /* never masked */
+            const char *yo = (const char *)a->y_origin + r * half * es;
+            a->grad_weight[r] = grad_weight_value(FN(gg_pairwise)(dy, yo, half, dt));
+        }
     }
 }
 

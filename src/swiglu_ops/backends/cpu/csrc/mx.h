@@ -521,7 +521,7 @@ static void FN(mx_task)(const void *ctx, int64_t t) {
         for (int64_t i = 0; i < blk->nrows; i++) {
             const int64_t row = blk->b * a->m + blk->row0 + i;
             float *g = wk.gw + i * nbt * 16;
-            if (job->gw_parts == NULL) a->grad_weight[row] = 0.0f + FN(gw_row_sum)(g, nb);
+            if (job->gw_parts == NULL) a->grad_weight[row] = grad_weight_value(FN(gw_row_sum)(g, nb));
             else memcpy(job->gw_parts + (row * job->gw_blocks + p0 / GW_PAIRS) * 16, g, sizeof(float) * 16 * nb);
         }
     }
@@ -636,7 +636,8 @@ static int FN(mx_run_impl)(const swiglu_mx_args *a, int n_threads) {
     if (job.gw_parts != NULL) { /* rows cut into several tasks: their block sums, in the same tree */
         if (!atomic_load(&failed))
             for (int64_t r = 0; r < a->batch * a->m; r++)
-                a->grad_weight[r] = 0.0f + FN(gw_row_sum)(job.gw_parts + r * job.gw_blocks * 16, job.gw_blocks);
+                a->grad_weight[r] =
+                    grad_weight_value(FN(gw_row_sum)(job.gw_parts + r * job.gw_blocks * 16, job.gw_blocks));
         free(job.gw_parts);
     }
     if (atomic_load(&failed)) return -2;

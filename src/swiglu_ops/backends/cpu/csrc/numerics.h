@@ -34,6 +34,13 @@ INLINE vu narrow(vf v, const int dt) {
     return u_sel(v_isnan(v), u_set(0x7FC00000u), v_bits(v));
 }
 
+/* A grad_weight sum as stored: NaN canonical (0x7FC00000), as the stored values above, since a NaN's sign
+   and payload would depend on each instruction set's order of the sum. */
+INLINE float grad_weight_value(float sum) {
+    if (sum != sum) return __builtin_nanf("");
+    return 0.0f + sum;
+}
+
 /* The same for 32 results (lo: lanes 0-15, hi: 16-31) of a 16-bit ``dt``, as 16-bit lanes. */
 INLINE vw narrow2(vf lo, vf hi, const int dt) {
     if (dt == SWIGLU_BF16) return w_to_bf16x2(lo, hi);
