@@ -32,7 +32,7 @@ import swiglu_ops
 from swiglu_ops.backends import cpu as cpu_backend
 from swiglu_ops.backends import reference
 from swiglu_ops.backends.cpu import _loader
-from swiglu_ops.numerics.glu import GluParams
+from swiglu_ops.numerics.glu import GluParams, fp32_bits
 from swiglu_ops.ops import registry
 
 LIB = cpu_backend.LIBRARY.lib
@@ -412,8 +412,9 @@ def test_grad_weight_nans_are_canonical_on_every_instruction_set():
 
 
 def test_fp32_attributes_are_written_as_their_bits():
-    """cpu.fp32_bits (how alpha, limit, bias and the clamp reach the C structs, whatever the caller's
-    flush-to-zero) is each fp32 value's IEEE bits: every subnormal and normal exponent, signs, 0, inf."""
+    """numerics.glu.fp32_bits (how alpha, limit, bias and the clamp reach the cpu backend's C structs,
+    whatever the caller's flush-to-zero) is each fp32 value's IEEE bits: every subnormal and normal
+    exponent, signs, 0, inf."""
     gen = torch.Generator().manual_seed(3)
     patterns = torch.cat([
         torch.randint(0, 2**31 - 1, (20000,), generator=gen),
@@ -424,8 +425,8 @@ def test_fp32_attributes_are_written_as_their_bits():
         bits = signed.to(torch.int64).to(torch.uint32).view(torch.int32)
         for b, v in zip(bits.tolist(), bits.view(torch.float32).tolist(), strict=True):
             if v == v:
-                assert cpu_backend.fp32_bits(v) == b & 0xFFFFFFFF, (hex(b & 0xFFFFFFFF), v)
-    assert cpu_backend.fp32_bits(float("nan")) == 0x7FC00000
+                assert fp32_bits(v) == b & 0xFFFFFFFF, (hex(b & 0xFFFFFFFF), v)
+    assert fp32_bits(float("nan")) == 0x7FC00000
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

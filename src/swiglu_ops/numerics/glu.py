@@ -40,6 +40,7 @@ __all__ = [
     "SWIGLU",
     "split_columns",
     "fp32_value",
+    "fp32_bits",
     "forward",
     "backward",
     "forward_rounded",
@@ -110,6 +111,24 @@ def fp32_value(value: float) -> float:
 
 
 FP32_MAX = 3.4028234663852886e38
+
+
+def fp32_bits(value: float) -> int:
+    """The IEEE bits of ``value``, a Python float that is an fp32 value exactly (:func:`fp32_value`'s
+    results are), by integer arithmetic, so that no C conversion (which obeys the calling thread's
+    flush-to-zero) takes part. NaN gives the canonical 0x7FC00000."""
+    sign = 0x80000000 if math.copysign(1.0, value) < 0 else 0
+    magnitude = abs(value)
+    if magnitude != magnitude:
+        return 0x7FC00000
+    if magnitude == math.inf:
+        return sign | 0x7F800000
+    if magnitude == 0.0:
+        return sign
+    mant, exp = math.frexp(magnitude)  # magnitude = mant * 2**exp, 0.5 <= mant < 1 (exact)
+    if exp - 1 >= -126:  # normal: 1.f * 2**(exp - 1), 24 significant bits
+        return sign | (exp - 1 + 127) << 23 | (int(math.ldexp(mant, 24)) - (1 << 23))
+    return sign | int(math.ldexp(magnitude, 149))  # subnormal: a multiple of 2**-149
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:

@@ -205,9 +205,8 @@ def mx_dequantize(
     tensors = {"data": data, "scale": scale, "group_index": group_index}
     if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
         if not torch.compiler.is_compiling() and any(map(V.is_dtensor, tensors.values())):
-            V.dequantize_spec(
-                data, scale, axis, group_index, dst_dtype, dtype
-            )  # (as in call's custom-op path)
+            # DTensor would wrap the fake kernel's error in a RuntimeError (as in _via_custom_op)
+            V.dequantize_spec(data, scale, axis, group_index, dst_dtype, dtype)
         return torch.ops.swiglu_ops.mx_dequantize(
             data, scale, axis=axis, group_index=group_index, dtype=dtype,
             dst_dtype=None if dst_dtype is None else dst_name(dst_dtype),

@@ -88,8 +88,9 @@ def _register(op: OpDef) -> None:
     def fake(*args, **kwargs):
         values, backend = bind(args, kwargs)
         plan = op.plan(**values)
-        registry.check_backend_name(backend)  # (meta tensors select no kernel)
-        if plan.device.type != "meta":
+        if plan.device.type == "meta":  # no kernel to select: the backend's name only
+            registry.check_backend_name(backend)
+        else:
             registry.select(backend, op.kernel, op.name, plan.device, plan.dtype)  # a bad backend errs here
         like = _first_tensor(op, values)
         outs = [None if s is None else like.new_empty(s[0], dtype=s[1]) for s in plan.outputs]

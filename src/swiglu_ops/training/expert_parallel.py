@@ -77,9 +77,8 @@ def _byte_rows(x: torch.Tensor) -> torch.Tensor:
     """The rows of ``x [T, ...]`` as ``uint8 [T, bytes per row]``: the collectives and permutations below
     work on bytes, so they copy every dtype bit for bit (FP8 and E8M0 included, which gloo and some CPU
     index kernels do not take on torch 2.13)."""
-    if (
-        x.numel() == 0
-    ):  # (an empty tensor with stride 0, e.g. the gradient of sum(), stays so in contiguous())
+    # an empty tensor with stride 0 (e.g. the gradient of sum()) stays so in contiguous(): made afresh
+    if x.numel() == 0:
         x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return x.contiguous().reshape(x.shape[0], math.prod(x.shape[1:])).view(torch.uint8)
 

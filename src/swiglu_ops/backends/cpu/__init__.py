@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import torch
 
-from ...numerics.glu import GluParams
+from ...numerics.glu import GluParams, fp32_bits
 from ...ops.registry import KERNELS, Backend
 from . import _loader
 
@@ -210,27 +210,10 @@ def _ptr(t: torch.Tensor | None, ctype: str = "void *"):
     return LIBRARY.ffi.NULL if t is None else LIBRARY.ffi.cast(ctype, t.data_ptr())
 
 
-def fp32_bits(value: float) -> int:
-    """The IEEE bits of ``value``, a Python float that is an fp32 value exactly (the validated attributes
-    are), by integer arithmetic: a C conversion to float (cffi's, struct's, torch's) obeys the calling
-    thread's flush-to-zero, which would turn a subnormal limit or clamp into 0 before the kernels, which run
-    with the default floating-point environment, ever see it."""
-    sign = 0x80000000 if math.copysign(1.0, value) < 0 else 0
-    magnitude = abs(value)
-    if magnitude != magnitude:
-        return 0x7FC00000
-    if magnitude == math.inf:
-        return sign | 0x7F800000
-    if magnitude == 0.0:
-        return sign
-    mant, exp = math.frexp(magnitude)  # magnitude = mant * 2**exp, 0.5 <= mant < 1 (exact)
-    if exp - 1 >= -126:  # normal: 1.f * 2**(exp - 1), 24 significant bits
-        return sign | (exp - 1 + 127) << 23 | (int(math.ldexp(mant, 24)) - (1 << 23))
-    return sign | int(math.ldexp(magnitude, 149))  # subnormal: a multiple of 2**-149
-
-
 def _set_fp32(dst, field: str, value: float) -> None:
-    """``dst.field = value`` for a C float field, written as its bits (:func:`fp32_bits`)."""
+    """``dst.field = value`` for a C float field, written as its bits: a C conversion to float (cffi's,
+    struct's, torch's) obeys the calling thread's flush-to-zero, which would turn a subnormal limit or clamp
+    into 0 before the kernels, which run with the default floating-point environment, ever see it."""
     LIBRARY.ffi.cast("uint32_t *", LIBRARY.ffi.addressof(dst, field))[0] = fp32_bits(value)
 
 
