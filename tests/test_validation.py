@@ -731,6 +731,38 @@ REJECTED = [
         ValueError,
         "scale must have shape",
     ),
+    # --- this round's other entry points (each also tested where it lives)
+    (
+        "available_backends: not a device",
+        lambda: swiglu_ops.available_backends("bogus"),
+        ValueError,
+        "device",
+    ),
+    (
+        "single_process_order: 1-D counts",
+        lambda: swiglu_ops.single_process_order(torch.tensor([1, 2])),
+        ValueError,
+        "counts must be",
+    ),
+    (
+        "expert MLP: backend misspelt in the bf16 mode",
+        lambda: swiglu_ops.mxfp8_expert_mlp(
+            ones(4, 32, dtype=BF16),
+            ones(2, 32, 64, dtype=BF16),
+            ones(2, 32, 32, dtype=BF16),
+            torch.tensor([2, 4]),
+            quantize=False,
+            backend="nonsense",
+        ),  # fmt: skip
+        ValueError,
+        "backend must be one of",
+    ),
+    (
+        "scalar type: interleaved None",
+        lambda: swiglu_ops.clipped_swiglu(ones(4, 8), interleaved=None),
+        TypeError,
+        "interleaved must be a bool",
+    ),  # fmt: skip
     # --- settings read from the environment at import
     (
         "env: cpu cache size not a number",
