@@ -123,6 +123,36 @@ def test_out_and_requires_grad_inputs_compiled_equal_eager(mode):
     assert not any(t.requires_grad for t in got[:3])
 
 
+def _bad_outs(dy, x, w):
+    gx, gw = torch.empty_like(x), torch.empty_like(w)
+    return {  # out= of swiglu_group_grad: (with weight?, out) -> the eager error
+        "grad_weight None": (True, (gx, None), TypeError, "grad_weight"),
+        "one of two": (True, (gx,), TypeError, "out must be a"),
+        "three of two": (True, (gx, gw, torch.empty_like(w)), TypeError, "out must be a"),
+        "absent output given": (False, (gx, torch.empty(0)), ValueError, "must be None"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_outs(torch.ones(1), torch.ones(1), torch.ones(1))))
+def test_bad_out_tuples_are_the_eager_error_inside_torch_compile(case):
+    """A malformed out= tuple is refused while tracing as in eager (it used to be zipped loosely: a None
+    entry dropped grad_weight, extra or missing entries passed)."""
+
+    def fn(dy, x, w):
+        weighted, out, _, _ = _bad_outs(dy, x, w)[case]
+        if weighted:
+            return swiglu_ops.swiglu_group_grad(dy, x, w, dy, COUNTS, 7.0, backend="reference", out=out)
+        return swiglu_ops.swiglu_group_grad(dy, x, None, None, COUNTS, 7.0, backend="reference", out=out)
+
+    args = (DATA["dy"], DATA["x"], DATA["w"])
+    _, _, error, match = _bad_outs(*args)[case]
+    with pytest.raises(error, match=match):
+        fn(*args)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=match):
+        torch.compile(fn, fullgraph=True)(*args)
+
+
 # ----------------------------------------------------------------------------- dequantisation and layouts
 
 

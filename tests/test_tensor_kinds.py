@@ -425,6 +425,18 @@ def _operator_cases(backend: str) -> list:
             return result
 
         add("out_plain", plain_out, same())
+        # torch's default device elsewhere (meta here; cuda on a GPU host): the outputs still on x's device
+        add("default_device_meta", call(dict(args), mode=torch.device("meta")), same())
+        # autograd's storage-less zeros (ZeroTensor): computed as zeros, never read through a null pointer
+        zeros = each(torch.zeros_like, floats)
+        add(
+            "zero_tensor",
+            lambda call=call, zeros=zeros, floats=floats, each=each, fn=fn: _expect_same(
+                call(each(lambda t: torch._efficientzerotensor(t.shape, dtype=t.dtype), floats))(),
+                _flat_outputs(fn(**zeros, backend=backend)),
+            ),
+            lambda r, e: _reraise(e) or r,
+        )
 
         # --- fake and meta inputs: outputs of the right shapes and dtypes, no kernel runs
         mode = FakeTensorMode()
@@ -466,6 +478,20 @@ def _operator_cases(backend: str) -> list:
             error((ValueError,), "group_index", "meta"),
         )
         add("handles_nothing", call(each(handles_nothing, [data])), error((TypeError,), "HandlesNothing"))
+        add(
+            "vmap",
+            lambda args=args, data=data, fn=fn: torch.func.vmap(
+                lambda d: fn(**{**args, data: d}, backend=backend)
+            )(args[data].unsqueeze(0)),
+            error((TypeError,), data, "torch.func"),
+        )
+        add(
+            "out_zero_tensor",
+            lambda call=call, args=args, base=base, out_with_first=out_with_first: call(
+                dict(args), out=out_with_first(torch._efficientzerotensor(base[0].shape, dtype=base[0].dtype))
+            )(),
+            error((ValueError,), first_out, "ZeroTensor"),
+        )
         add(
             "out_fake",
             lambda call=call, args=args, fresh_outs=fresh_outs: call(

@@ -674,7 +674,7 @@ REJECTED = [
         "weight must be float32",
     ),
     ("mx: weight numel", mx_quant(weight=torch.ones(3)), ValueError, "weight must have numel == rows = 4"),
-    ("fwd: weight not a tensor", mx_fwd(weight=[1.0] * 4), TypeError, "weight must be a float32"),
+    ("fwd: weight not a tensor", mx_fwd(weight=[1.0] * 4), TypeError, "weight must be a torch.Tensor"),
     ("fwd: weight on meta", mx_fwd(weight=torch.ones(4, device="meta")), ValueError, "weight must be on"),
     (
         "dequant: axis -2 counts for ends",
@@ -937,8 +937,16 @@ def test_mx_quant_accepted(backend, x_shape, dtype, group_index, options):
 
 # ------------------------------------------------- scalar arguments on every path (eager, meta, compile)
 
-#: A value of the wrong type per schema type (the custom op's schema would coerce it, or fail in torch).
-_WRONG = {"bool": [None, 0.5], "int": [1.5, "1"], "float": ["1.0", True], "str": [3], "ScalarType": ["e4m3"]}
+#: A value of the wrong type per schema type (the custom op's schema would coerce it, or fail in torch), and
+#: numbers the schema cannot carry (past int64, past the float range).
+_WRONG = {
+    "bool": [None, 0.5],
+    "int": [1.5, "1", 2**70],
+    "float": ["1.0", True, 10**400],
+    "str": [3],
+    "ScalarType": ["e4m3"],
+    "Tensor": [0.5, [1.0, 2.0]],
+}
 
 
 def _scalar_cases():
@@ -946,7 +954,7 @@ def _scalar_cases():
 
     for op in PUBLIC:
         for p in op.params:
-            if p.is_tensor or p.to_schema is not None:
+            if p.to_schema is not None:
                 continue
             for value in _WRONG[p.schema.removesuffix("?")]:
                 yield pytest.param(op, p.name, value, id=f"{op.name}: {p.name}={value!r}")
@@ -954,9 +962,9 @@ def _scalar_cases():
 
 @pytest.mark.parametrize(("op", "name", "value"), list(_scalar_cases()))
 def test_wrong_scalar_types_are_the_same_error_on_every_path(op, name, value):
-    """A wrong-typed scalar is the eager path's TypeError / ValueError, with its message, on meta tensors
+    """A wrong-typed argument is the eager path's TypeError / ValueError, with its message, on meta tensors
     and inside torch.compile too (it used to be coerced by the custom op's schema: ``interleaved=None`` ran
-    as False, ``alpha="1.0"`` was torch's RuntimeError)."""
+    as False, ``alpha="1.0"``, ``alpha=10**400`` and ``weight=0.5`` were torch's RuntimeError)."""
     from swiglu_ops.ops import api
 
     args = op.example(torch.Generator().manual_seed(0), BF16, "cpu")
@@ -1059,3 +1067,27 @@ def test_available_backends_of_a_device_torch_cannot_reach():
         assert swiglu_ops.available_backends("cuda") == ["reference"]
     with pytest.raises(ValueError, match="device must be a torch.device"):
         swiglu_ops.available_backends("bogus")
+
+
+@pytest.mark.parametrize(
+    ("over", "error", "match"),
+    [
+        ({"axis": -1.0}, TypeError, "axis must be an int"),
+        ({"axis": True}, TypeError, "axis must be an int"),
+        ({"axis": 0}, ValueError, "axis must be -1"),
+        ({"data": [1]}, TypeError, "data must be a torch.Tensor"),
+        ({"scale": 3}, TypeError, "scale must be a torch.Tensor"),
+        ({"group_index": 2}, TypeError, "group_index must be a torch.Tensor or None"),
+    ],
+    ids=lambda v: repr(v) if isinstance(v, dict) else None,
+)
+def test_mx_dequantize_argument_types_on_every_path(over, error, match):
+    """mx_dequantize's argument types are refused before its custom op: the same error on plain and meta
+    tensors (a float axis used to pass in eager and be torch's RuntimeError on meta)."""
+    y1, s1, _, _ = swiglu_ops.swiglu_backward_mx_quant_dual_axis(
+        ones(4, 64, dtype=BF16), ones(4, 32, dtype=BF16)
+    )
+    for device in ("cpu", "meta"):
+        args = {"data": y1.to(device), "scale": s1.to(device), "axis": -1, "group_index": None, **over}
+        with pytest.raises(error, match=match):
+            swiglu_ops.mx_dequantize(**args)

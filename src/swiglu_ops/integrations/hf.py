@@ -127,12 +127,14 @@ def _check_activation(module: torch.nn.Module, params: dict) -> bool:
     if device.type == "meta":  # no data (e.g. built under init_empty_weights): checked on a later call
         return False
     reach = params["limit"] * 1.5 if math.isfinite(params["limit"]) else 12.0
-    near = torch.linspace(-reach, reach, 96, dtype=torch.float32).reshape(3, 32)
+    near = torch.linspace(-reach, reach, 96, dtype=torch.float32, device="cpu").reshape(3, 32)
     # and magnitudes up to 2**34, so that a clamp anywhere below them (a model's own bound on gate or up,
     # e.g. DeepSeek-V4's swiglu_limit without GPT-OSS's alpha) is seen, not only one inside [-12, 12]
-    far = torch.tensor([s * 2.0**k for k in range(4, 36, 2) for s in (1.0, -1.0)], dtype=torch.float32)
+    far = torch.tensor(
+        [s * 2.0**k for k in range(4, 36, 2) for s in (1.0, -1.0)], dtype=torch.float32, device="cpu"
+    )
     probe = torch.cat([near, far.reshape(1, 32)])
-    probe = probe[:, torch.randperm(32, generator=torch.Generator().manual_seed(0))].to(device)
+    probe = probe[:, torch.randperm(32, generator=torch.Generator().manual_seed(0), device="cpu")].to(device)
     try:
         with torch.no_grad():
             expected = type(module)._apply_gate(module, probe)

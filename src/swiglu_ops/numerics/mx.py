@@ -356,7 +356,7 @@ def scale_codes(amax: torch.Tensor, fmt: ElementFormat, scale_alg: int) -> torch
     if scale_alg == 1:
         if not isinstance(fmt, FP8Format):
             raise ValueError(f"scale_alg 1 (RCEIL) is defined for FP8 formats only, got {fmt.name}")
-        p = _f32_bits(_bits_to_f32(amax) * torch.tensor(fmt.inv_max, dtype=torch.float32))
+        p = _f32_bits(_bits_to_f32(amax) * torch.tensor(fmt.inv_max, dtype=torch.float32, device=amax.device))
         e = p >> 23
         mf = p & 0x7FFFFF
         up = ((e > 0) & (e < 254) & (mf > 0)) | ((e == 0) & (mf > 0x400000))
@@ -514,13 +514,13 @@ def dequantize(
 @functools.cache
 def element_table(fmt: ElementFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Code -> value for every uint8 code (FP4: the low nibble; codes are unpacked before the lookup)."""
-    return decode(torch.arange(256, dtype=torch.uint8), fmt).to(dtype=dtype, device=device)
+    return decode(torch.arange(256, dtype=torch.uint8, device="cpu"), fmt).to(dtype=dtype, device=device)
 
 
 @functools.cache
 def e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """E8M0 code -> 2**(code - 127); 0xFF is NaN (the scale of a NaN/inf block)."""
-    table = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 127)
+    table = torch.pow(2.0, torch.arange(256, dtype=torch.float64, device="cpu") - 127)
     table[0xFF] = torch.nan
     return table.to(dtype=dtype, device=device)
 

@@ -74,29 +74,43 @@ def _via_custom_op(op: OpDef, values: dict, backend, out):
     outs = _custom_op(op)(**args, backend=backend)
     outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
     if out is not None:  # torch.compile, copyable dtypes: the fresh results copied
-        targets = [out] if len(op.outputs) == 1 else list(out)
-        for name, t, r in zip(op.out_names(), targets, outs, strict=False):
-            if t is not None:
-                V.check_out(name, t, r.shape, r.dtype, r.device).copy_(r)
+        given = _out_slots(op, values, out)
+        for name, o, t, r in zip(op.out_names(), op.outputs, given, outs, strict=True):
+            if _absent_out(name, o.present(values), t):
+                continue
+            V.check_out(name, t, r.shape, r.dtype, r.device).copy_(r)
         return out
     return _public_result(op, outs, values)
 
 
+def _out_slots(op: OpDef, values: dict, out) -> list:
+    """``out=`` as one entry per output of the table (None for an absent output that takes no slot)."""
+    if len(op.outputs) == 1:
+        return [out]
+    kept = op.returned(
+        values
+    )  # as many as the public function returns: an absent dropped output takes no slot
+    if not isinstance(out, (tuple, list)) or len(out) != len(kept):
+        raise TypeError(f"out must be a ({', '.join(o.name for o in kept)}) tuple")
+    slots = iter(out)
+    return [next(slots) if o in kept else None for o in op.outputs]
+
+
+def _absent_out(name: str, present: bool, t) -> bool:
+    """Whether an output is absent for these arguments; its ``out=`` entry must then be None."""
+    if present:
+        return False
+    if t is not None:
+        raise ValueError(f"{name} must be None for these arguments (the output is absent)")
+    return True
+
+
 def _check_outs(op: OpDef, values: dict, plan, out, device) -> list:
     names = op.out_names()
-    if len(op.outputs) == 1:
-        given = [out]
-    else:  # as many as the public function returns: an absent dropped output takes no slot
-        kept = op.returned(values)
-        if not isinstance(out, (tuple, list)) or len(out) != len(kept):
-            raise TypeError(f"out must be a ({', '.join(o.name for o in kept)}) tuple")
-        slots = iter(out)
-        given = [next(slots) if o in kept else None for o in op.outputs]
+    given = _out_slots(op, values, out)
     outs = []
     for name, t, spec in zip(names, given, plan.outputs, strict=True):
-        if spec is None:
-            if t is not None:
-                raise ValueError(f"{name} must be None for these arguments (the output is absent)")
+        if _absent_out(name, spec is not None, t):
             outs.append(None)
             continue
         outs.append(V.check_out(name, t, spec[0], spec[1], device))
@@ -201,7 +215,7 @@ def mx_dequantize(
     is ``float8_e8m0fnu`` or uint8 raw codes. Works on every device and inside ``torch.compile`` (one custom
     op, ``torch.ops.swiglu_ops.mx_dequantize``).
     """
-    V.check_dequantize_dtype(dtype)  # before the custom op's schema sees it
+    V.check_dequantize_args(data, scale, axis, group_index, dtype)  # before the custom op's schema sees them
     tensors = {"data": data, "scale": scale, "group_index": group_index}
     if torch.compiler.is_compiling() or V.needs_dispatch(tensors):
         if not torch.compiler.is_compiling() and any(map(V.is_dtensor, tensors.values())):

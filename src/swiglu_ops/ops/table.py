@@ -69,15 +69,27 @@ class Param:
         """A scalar argument's type, as its schema type takes it (``TypeError`` naming it): every call checks
         it before anything else, so that the custom op's path (torch.compile, fake, meta and DTensor inputs)
         refuses what the eager path refuses instead of the schema coercing it. Its value rules are the
-        plan's. A parameter with ``to_schema`` is checked by that conversion; tensors by the plan."""
+        plan's. A parameter with ``to_schema`` is checked by that conversion; a tensor's dtype, shape and
+        device by the plan. A number the schema cannot carry (an int past int64 or past the float range) is a
+        ``ValueError``."""
         if self.rule is not None:
             self.rule(value)
             return
-        if self.is_tensor or self.to_schema is not None or (value is None and self.schema.endswith("?")):
+        if self.to_schema is not None or (value is None and self.schema.endswith("?")):
             return
-        accepts, what = _SCALAR_TYPES[self.schema.removesuffix("?")]
+        if self.is_tensor:
+            if not isinstance(value, torch.Tensor):
+                what = "a torch.Tensor or None" if self.schema.endswith("?") else "a torch.Tensor"
+                raise TypeError(f"{self.name} must be {what}, got {type(value).__name__}")
+            return
+        kind = self.schema.removesuffix("?")
+        accepts, what = _SCALAR_TYPES[kind]
         if not accepts(value):
             raise TypeError(f"{self.name} must be {what}, got {type(value).__name__}")
+        if kind == "int" and not -(2**63) <= value < 2**63:
+            raise ValueError(f"{self.name} must fit in int64, got {value!r}")
+        if kind == "float":
+            V.as_float(self.name, value)
 
     def schema_default(self) -> str:
         value = self.default if self.to_schema is None else self.to_schema(self.default)

@@ -62,6 +62,11 @@ def needs_dispatch(tensors: dict) -> bool:
             continue
         if t.layout != torch.strided or t.is_nested:
             raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            raise TypeError(
+                f"{name} is a tensor inside a torch.func transform (vmap, grad, jvp): the operators have no "
+                "batching or forward-mode rules; pass the batch as leading dimensions and use autograd"
+            )
         routed = routed or not is_plain(t)
     if routed:
         check_fake_mix(tensors)
@@ -143,12 +148,15 @@ def check_fake_mix(tensors: dict) -> None:
 
 def kernel_ready(t):
     """An input as a kernel may read it: :func:`detached`, negative and conjugate bits resolved into values
-    (a negated view read through its pointer would give the un-negated numbers). None stays None."""
+    (a negated view read through its pointer would give the un-negated numbers), a ZeroTensor (autograd's
+    storage-less zeros) as real zeros. None stays None."""
     if not isinstance(t, torch.Tensor):
         return t
     t = detached(t)
     if t.is_neg() or t.is_conj():
         t = t.resolve_conj().resolve_neg()
+    if t._is_zerotensor():  # autograd's efficient zeros: no storage behind the pointer
+        t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
     return t
 
 
@@ -166,6 +174,8 @@ def check_out_plain(name: str, t) -> None:
         raise ValueError(
             f"{name} must not be a negative or conjugate view (writes would not show through it)"
         )
+    if t._is_zerotensor():
+        raise ValueError(f"{name} must have storage, got a ZeroTensor (autograd's read-only zeros)")
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -286,7 +296,16 @@ def warn_if_ends_as_counts(group_index: torch.Tensor, rows: int) -> None:
 def check_real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    return float(value)
+    return as_float(name, value)
+
+
+def as_float(name: str, value) -> float:
+    """``float(value)``, with the ``ValueError`` naming the argument where it does not fit (an int past
+    the float range)."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must fit in a float, got {value!r}") from None
 
 
 def glu_params(
@@ -341,7 +360,7 @@ def check_clamp_limit(clamp_limit) -> float:
         raise TypeError(f"clamp_limit must be a real number, got {type(clamp_limit).__name__}")
     if not clamp_limit >= 0.0:
         raise ValueError(f"clamp_limit must be >= 0 (0 disables the clamp), got {clamp_limit}")
-    return fp32_value(clamp_limit)
+    return fp32_value(as_float("clamp_limit", clamp_limit))
 
 
 def validate_group_grad(grad_y, x, weight, y_origin, group_index, clamp_limit):
@@ -671,15 +690,27 @@ def check_dequantize_dtype(dtype) -> None:
         raise TypeError(f"dtype must be one of {DEQUANTIZE_DTYPES} (the result's dtype), got {dtype!r}")
 
 
+def check_dequantize_args(data, scale, axis, group_index, dtype) -> None:
+    """The argument types of :func:`swiglu_ops.mx_dequantize`, before anything (the custom op's schema would
+    turn them into its own errors)."""
+    check_tensor("data", data)
+    check_tensor("scale", scale)
+    if group_index is not None and not isinstance(group_index, torch.Tensor):
+        raise TypeError(f"group_index must be a torch.Tensor or None, got {type(group_index).__name__}")
+    check_dequantize_dtype(dtype)
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an int, -1 (mxscale1) or -2 (mxscale2), got {type(axis).__name__}")
+    if axis not in (-1, -2):
+        raise ValueError(f"axis must be -1 (mxscale1) or -2 (mxscale2), got {axis!r}")
+
+
 def dequantize_spec(data, scale, axis, group_index, dst_dtype, dtype):
     """Every rule of :func:`swiglu_ops.mx_dequantize` (also its fake kernel's): ``(format, result shape)``.
 
     ``group_index`` (axis -2) follows the MX operators' rules for cumulative row ends (int64/int32, 1-D,
     non-empty, on data's device; on a CPU tensor non-decreasing, >= 0 and ending at M): counts, decreasing
     or float ends are errors, never other numbers."""
-    check_tensor("data", data)
-    check_tensor("scale", scale)
-    check_dequantize_dtype(dtype)
+    check_dequantize_args(data, scale, axis, group_index, dtype)
     if dst_dtype is None:
         fmt = mx.format_of_dtype(data.dtype)
         if fmt is None:
@@ -696,8 +727,6 @@ def dequantize_spec(data, scale, axis, group_index, dst_dtype, dtype):
     if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
         raise TypeError(f"scale must be float8_e8m0fnu or uint8 codes, got {scale.dtype}")
     check_device(data, scale=scale)
-    if isinstance(axis, bool) or axis not in (-1, -2):
-        raise ValueError(f"axis must be -1 (mxscale1) or -2 (mxscale2), got {axis!r}")
     if data.dim() < 2:
         raise ValueError(f"data must have rank >= 2, got shape {tuple(data.shape)}")
     *lead, m, w = data.shape

@@ -193,7 +193,8 @@ def single_process_order(counts: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"counts must be [world, E] token counts (>= 0), got shape {tuple(counts.shape)}")
     counts = counts.to(torch.int64)
     world, experts = counts.shape
-    rank_expert = torch.arange(world * experts).view(world, experts)  # rows of cat(xs): (rank, expert) blocks
+    # rows of cat(xs): (rank, expert) blocks
+    rank_expert = torch.arange(world * experts, device=counts.device).view(world, experts)
     key = rank_expert.remainder(experts) * world + rank_expert.div(experts, rounding_mode="floor")
     key_of_row = key.flatten().repeat_interleave(counts.flatten())  # (expert, rank) rank of each row
     return torch.argsort(key_of_row, stable=True)

@@ -106,9 +106,9 @@ class OutputCache:
         """An uninitialised contiguous CPU tensor, from a cached buffer when one of its size is free."""
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.min_bytes:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(shape, dtype=dtype, device="cpu")
         if self.max_bytes <= 0:  # cache off: fresh memory every time, at least in huge pages
-            out = torch.empty(shape, dtype=dtype)
+            out = torch.empty(shape, dtype=dtype, device="cpu")
             _advise_huge_pages(out)
             return out
         buf = None
@@ -386,9 +386,11 @@ def act_table(
     [65536, 2])."""
     lib = LIBRARY.lib
     width = 2 if kind >= lib.SWIGLU_ACT_SILU_DERIV else 1  # kernel.h's ACT_WIDTH: the pair tables too
-    out = torch.empty((1 << 16) * width, dtype=torch.float32)
+    out = torch.empty((1 << 16) * width, dtype=torch.float32, device="cpu")
     code = getattr(lib, f"SWIGLU_ISA_{isa.upper()}") if isa else LIBRARY.isa_code
-    lib.swiglu_act_table(kind, _dtype(torch.empty(0, dtype=dtype)), alpha, limit, _ptr(out, "float *"), code)
+    lib.swiglu_act_table(
+        kind, _dtype(torch.empty(0, dtype=dtype, device="cpu")), alpha, limit, _ptr(out, "float *"), code
+    )
     return out
 
 

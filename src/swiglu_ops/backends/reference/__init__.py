@@ -26,7 +26,7 @@ def _flushes_denormals() -> bool:
     """Whether the calling thread flushes fp32 subnormal results or inputs to zero (FTZ or DAZ: one-element
     tensor operations run on the calling thread). PyTorch has a setter only, ``torch.set_flush_denormal``,
     which sets or clears both."""
-    tiny = torch.tensor([2.0**-126], dtype=torch.float32)
+    tiny = torch.tensor([2.0**-126], dtype=torch.float32, device="cpu")
     return bool((tiny * 0.5 == 0).item() or (tiny * 0.5 * 2.0 == 0).item())
 
 
@@ -37,7 +37,9 @@ def _contract_fp_env(fn):
     def run(*args, **kwargs):
         global _VML_SETTLED
         if not _VML_SETTLED:
-            torch.exp(torch.zeros(16))  # one VML call on one thread (below PyTorch's parallel grain)
+            torch.exp(
+                torch.zeros(16, device="cpu")
+            )  # one VML call on one thread (below PyTorch's parallel grain)
             _VML_SETTLED = True
         if not _flushes_denormals():
             return fn(*args, **kwargs)

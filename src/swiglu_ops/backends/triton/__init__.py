@@ -198,7 +198,9 @@ def den_key(glu) -> bool:
     min(a, L) is never +inf) and alpha is not negative (an A~ of -inf makes exp(A~ * -alpha) + 1 infinite
     or NaN). GPT-OSS's parameters qualify; an infinite L (the default) or a negative alpha keys by
     den + |A~|."""
-    limit, alpha = torch.tensor([glu.limit, glu.alpha], dtype=torch.float32).tolist()  # the kernels' values
+    limit, alpha = torch.tensor(
+        [glu.limit, glu.alpha], dtype=torch.float32, device="cpu"
+    ).tolist()  # the kernels' values
     return bool(glu.clipped and glu.clamp_mode == 0 and math.isfinite(limit) and not alpha < 0)
 
 
@@ -284,8 +286,8 @@ def padding(glu, dtype: torch.dtype, backward: bool) -> tuple[float, bool]:
     if not glu.clipped:
         return 0.0, False
     b_pad = -glu.bias if not backward and glu.clamp_mode == 0 and math.isfinite(glu.bias) else 0.0
-    b_pad = torch.tensor(b_pad, dtype=dtype).item()  # as the kernel's masked load gives it
-    one, b, zero = (torch.tensor([v], dtype=dtype).float() for v in (1.0, b_pad, 0.0))
+    b_pad = torch.tensor(b_pad, dtype=dtype, device="cpu").item()  # as the kernel's masked load gives it
+    one, b, zero = (torch.tensor([v], dtype=dtype, device="cpu").float() for v in (1.0, b_pad, 0.0))
     outs = glu_math.backward(one, b, zero, glu) if backward else (glu_math.forward(one, b, glu),)
     exact = all(int(o.view(torch.int32)) == 0 for o in outs)  # +0.0, not -0.0
     return b_pad, not exact
@@ -294,7 +296,11 @@ def padding(glu, dtype: torch.dtype, backward: bool) -> tuple[float, bool]:
 @functools.lru_cache(maxsize=256)
 def _bits(value: float, dtype: torch.dtype) -> int:
     """The bit pattern of ``value`` (exactly representable) in ``dtype``, as a signed integer of its width."""
-    return torch.tensor(value, dtype=dtype).view({2: torch.int16, 4: torch.int32}[dtype.itemsize]).item()
+    return (
+        torch.tensor(value, dtype=dtype, device="cpu")
+        .view({2: torch.int16, 4: torch.int32}[dtype.itemsize])
+        .item()
+    )
 
 
 def plain_loads(n: int, aligned: bool) -> bool:
