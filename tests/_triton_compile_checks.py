@@ -107,7 +107,7 @@ def _mx_bwd_specs():
                "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "E5M2",
                                 "SCALE_ALG", "TRANSPOSE_Y2", "WIDE", "DEN_KEY", "HW_CVT", "HAS_WEIGHT",
-                                "GW_DIRECT"), "constexpr")}  # fmt: skip
+                                "GW_DIRECT", "ROW_VEC"), "constexpr")}  # fmt: skip
         variant = ("" if not e5m2 else ",e5m2") + ("" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
         variant += ",abs_key" if clipped and not den_key else ""
@@ -117,6 +117,8 @@ def _mx_bwd_specs():
         cases = [(True, False, False), (True, True, False)] if dt == "bf16" else [(True, False, False)]
         if dt == "bf16" and grouped and variant in ("", ",interleaved,clipped"):
             cases.append((False, False, False))
+        if dt == "bf16" and grouped and variant == "":  # HW_CVT unaligned: codes selected per element
+            cases.append((False, True, False))
         # The routing weight (HAS_WEIGHT, grad_weight over several programs), aligned: the grouped plain GLU
         # in bf16 (also HW_CVT) and fp32 (the most registers), the grouped GPT-OSS GLU in bf16 (narrow tile).
         if grouped and dt in ("bf16", "fp32") and variant == "":
@@ -140,7 +142,8 @@ def _mx_bwd_specs():
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK,
                           INTERLEAVED=inter, CLIPPED=clipped, MODE=0, E5M2=e5m2, SCALE_ALG=scale_alg,
                           TRANSPOSE_Y2=transpose, WIDE=False, DEN_KEY=den_key, HW_CVT=hw,
-                          HAS_WEIGHT=weighted, GW_DIRECT=False)  # fmt: skip
+                          HAS_WEIGHT=weighted, GW_DIRECT=False,
+                          ROW_VEC=backend.row_vec(16 if aligned else 1, aligned, hw))  # fmt: skip
             expect = {"fast_rcp", "cvt_fp8"} | ({"cvt_bf16"} if dt == "bf16" else set())
             options = {"num_warps": backend.MX_NUM_WARPS, "maxnreg": backend.mx_maxnreg(aligned)}
             yield name, fn, wsig, consts, attrs, options, expect if hw else set()
@@ -173,8 +176,8 @@ def _mx_fwd_specs():
                "n_tiles": "i32", "tiles_per_program": "i32",
                "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
-                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT", "HAS_WEIGHT"),
-                               "constexpr")}  # fmt: skip
+                                "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT", "HAS_WEIGHT",
+                                "ROW_VEC"), "constexpr")}  # fmt: skip
         fp4 = fmt == "e2m1"
         variant = f",{fmt}" + (f",round={mode}" if fp4 else "" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
@@ -184,6 +187,8 @@ def _mx_fwd_specs():
             cases.append((True, True))
         if dt == "bf16" and grouped and (variant == ",e4m3" or (fp4 and inter)):
             cases.append((False, False))
+        if dt == "bf16" and grouped and variant == ",e4m3":  # HW_CVT unaligned: codes selected per element
+            cases.append((False, True))
         cases = [(aligned, hw, False) for aligned, hw in cases]
         # The routing weight (HAS_WEIGHT) in bf16: the grouped E4M3 plain GLU (also HW_CVT, and unaligned: the
         # masked loads' weight and column select) and the grouped GPT-OSS GLU.
@@ -204,7 +209,8 @@ def _mx_fwd_specs():
                           GROUP_CHUNK=backend.MX_GROUP_CHUNK, INTERLEAVED=inter, CLIPPED=clipped, MODE=0,
                           FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
-                          WIDE=False, HW_CVT=hw, HAS_WEIGHT=weighted)  # fmt: skip
+                          WIDE=False, HW_CVT=hw, HAS_WEIGHT=weighted,
+                          ROW_VEC=backend.row_vec(16 if aligned else 1, aligned, hw))  # fmt: skip
             # FP4 codes have no hardware conversion; the forward's quotient is the approximate one.
             expect = {"approx_quotient"} | ({"cvt_bf16"} if dt == "bf16" else set())
             expect |= set() if fp4 else {"cvt_fp8"}
@@ -262,6 +268,9 @@ def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
     consts = {**consts, "HW_CVT": hw_cvt}
     if name.startswith(("mx_quant", "bwd_mx_quant")):  # the launcher's tile
         backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
+        consts["ROW_VEC"] = backend.row_vec(
+            16 if aligned else 1, aligned, hw_cvt
+        )  # aligned specs: n % 16 == 0
         consts["BLOCK_N"] = backend.mx_block_n(
             backward, aligned, consts["TRANSPOSE_Y2"], hw_cvt, interleaved=consts["INTERLEAVED"],
             clipped=consts["CLIPPED"], plain=consts["PLAIN_LOADS"], weighted=bool(consts.get("HAS_WEIGHT")),
@@ -294,6 +303,22 @@ def compile_spec(name: str, arch: int, hw_cvt: bool | None = None):
     }  # fmt: skip
 
 
+#: A line of the kernels' own PTX that only the masked row-wise FP8 conversion holds (_cvt_fp8x4_asm).
+_MASKED_CVT = "setp.eq.u32 p, $5, 255"
+
+
+def _four_columns_a_thread(layout: str) -> bool:
+    """Whether a blocked layout gives each thread runs of at least four consecutive elements of the last
+    (column) axis, which is also its fastest: then every four consecutive registers the asm packs are four
+    columns of one 32-column block."""
+    m = re.search(r"sizePerThread = \[([\d, ]+)\].*order = \[([\d, ]+)\]", layout)
+    if m is None or not layout.startswith("#ttg.blocked"):
+        return False
+    size = [int(v) for v in m.group(1).split(",")]
+    order = [int(v) for v in m.group(2).split(",")]
+    return order[0] == len(size) - 1 and size[-1] >= 4 and size[-1] % 4 == 0
+
+
 def _compile(name: str, arch: int) -> dict:
     """Compile one specialization; returns its resources from ptxas's log and the PTX checks."""
     _fn, _sig, _consts, _attrs, options, expect = SPECS[name]
@@ -303,6 +328,16 @@ def _compile(name: str, arch: int) -> dict:
     # approximate or flush anything.
     asm = re.findall(r"// begin inline asm(.*?)// end inline asm", ptx, flags=re.S)
     own = re.sub(r"// begin inline asm.*?// end inline asm", "", ptx, flags=re.S)
+    # The row-wise FP8 conversion that zeroes four codes by the first one's block (ROW_VEC): the register
+    # layout of each of its fp32 operands, which must put four consecutive columns of a row in a thread
+    ttgir = kernel.asm["ttgir"]
+    layouts = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, flags=re.M))
+    masked = [
+        layouts[m.group(1)]
+        for line in ttgir.splitlines()
+        if _MASKED_CVT in line
+        for m in [re.search(r"tensor<[0-9x]+xf32, (#\w+)>", line)]
+    ]
     return {
         "name": name, "arch": arch, **res, "num_warps": options["num_warps"],
         # An FMA of the spec's math would be a non-flushing fp32 fma; libdevice's exp uses fma.rn.ftz only.
@@ -316,6 +351,8 @@ def _compile(name: str, arch: int) -> dict:
         "approx_quotient": sum("rcp.approx.ftz.f32" in block and _QUARTER in block for block in asm),
         "cvt_fp8": len(re.findall(r"\bcvt\.rn\.satfinite\.e[45]m[23]x2\.f32\b", ptx)),
         "cvt_bf16": len(re.findall(r"\bcvt\.rn\.bf16(?:x2)?\.f32\b", ptx)),
+        "masked_cvt": len(masked),
+        "masked_cvt_scattered": [lay for lay in masked if not _four_columns_a_thread(lay)],
         "expect": sorted(expect),
     }  # fmt: skip
 
@@ -367,6 +404,25 @@ def test_conversion_paths_follow_hw_cvt(compiled):
     assert not wrong, f"hardware conversions not as expected: {wrong}"
     default = [r for r in compiled if "hw_cvt" not in r["name"]]
     assert not [r["name"] for r in default if any(r[p] for p in paths)]
+
+
+def test_masked_fp8_conversion_only_where_a_thread_holds_four_columns(compiled):
+    """ROW_VEC's row-wise FP8 conversion zeroes four codes by the block of the first: each of its operands
+    is laid out with four consecutive columns of a row per thread. It is used on the aligned HW_CVT MX
+    specializations (the check is not vacuous) and not on the unaligned ones, where Triton lays the tile
+    out one element per thread and register (there it zeroed finite blocks' codes and converted NaN
+    blocks' from v * -inf)."""
+    scattered = [
+        (r["name"], r["arch"], r["masked_cvt_scattered"]) for r in compiled if r["masked_cvt_scattered"]
+    ]
+    assert not scattered, scattered
+    fp8 = [
+        r for r in compiled if "mx_quant" in r["name"] and "hw_cvt" in r["name"] and ",e2m1" not in r["name"]
+    ]
+    aligned = [r["name"] for r in fp8 if "unaligned" not in r["name"]]
+    unaligned = [r["name"] for r in fp8 if "unaligned" in r["name"]]
+    assert aligned and unaligned
+    assert not [r["name"] for r in fp8 if (r["masked_cvt"] > 0) == ("unaligned" in r["name"])]
 
 
 def test_fma_check_can_fail():

@@ -303,6 +303,14 @@ def _bits(value: float, dtype: torch.dtype) -> int:
     )
 
 
+def row_vec(n: int, aligned: bool, hw_cvt: bool) -> bool:
+    """Whether the MX kernels' row-wise FP8 codes may be zeroed four at a time after the PTX conversion
+    (constexpr ``ROW_VEC``): where the loads are vectorised (16-byte aligned tensors, N pairs a multiple of
+    16), so that a thread's four consecutive registers are four columns of one block. Elsewhere Triton
+    lays the tile out one element per thread and register, and the codes are selected per element."""
+    return hw_cvt and aligned and n % 16 == 0
+
+
 def plain_loads(n: int, aligned: bool) -> bool:
     """Whether the MX kernels load without predicates (constexpr ``PLAIN_LOADS``): where every 32-column
     block of the N pairs is whole and the tensors are 16-byte aligned. Their clamped addresses then read
@@ -345,7 +353,8 @@ def _mx_common(
         GROUP_CHUNK=MX_GROUP_CHUNK, TRANSPOSE_Y2=transpose_y2, A_INDEX=glu.a_index,
         PAD_SELECT=pad_select and not plain, PLAIN_LOADS=plain,
         INTERLEAVED=glu.interleaved, CLIPPED=glu.clipped, MODE=glu.clamp_mode, E5M2=fmt is mx.E5M2,
-        SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
+        SCALE_ALG=int(scale_alg), HW_CVT=_hw_cvt(), ROW_VEC=row_vec(x.shape[-1] // 2, aligned, _hw_cvt()),
+        num_warps=MX_NUM_WARPS, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if backward:
         consts["DEN_KEY"] = den_key(glu)

@@ -1063,12 +1063,14 @@ def _mx_products(v, recip, code_s):
 @triton.jit
 def _mx_codes(
     v, recip, code_s, mbits, FP4: tl.constexpr, E5M2: tl.constexpr, ROUND: tl.constexpr,
-    HW_CVT: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+    HW_CVT: tl.constexpr, ROW_VEC: tl.constexpr,
 ):  # fmt: skip
     """Element codes of ``v * recip``, the element rule of ``mx.quantize_blocks``: ``mx.encode`` of the exact
     product, and 0 for every element of a NaN/inf block (scale code ``code_s`` 0xFF, where recip is not
-    used). FP8: uint8 codes; FP4: int32 nibbles (packed by :func:`_store_codes`). ``ROW_BLOCKS``: each
-    run of four consecutive elements lies in one block (the row-wise blocks).
+    used). FP8: uint8 codes; FP4: int32 nibbles (packed by :func:`_store_codes`). ``ROW_VEC``: every four
+    consecutive registers of a thread are four columns of one block (row-wise blocks of a tile whose
+    loads are vectorised: the launcher's ``ROW_VEC``, 16-byte aligned tensors and N a multiple of 16; the
+    compile test checks the layout).
 
     The fp32 product is exact unless it underflows, far below every format's smallest step: the codes are
     the same, except under FP4 ``floor`` where a negative ``v`` whose product underflows to -0 still gives
@@ -1080,11 +1082,12 @@ def _mx_codes(
     kept, magnitudes past the largest finite (and +-inf) saturate to +-max. It turns NaN into 0x7F/0xFF,
     but a NaN product only comes from a non-finite block (finite block: finite ``v`` times a finite power
     of two), and those elements are replaced by +0.0 before the cast (in both paths), which encodes as
-    0x00 (row-wise blocks: the four codes of one asm block are zeroed after the cast instead). Otherwise
+    0x00 (``ROW_VEC``: the four codes of one asm block are zeroed after the cast instead; which four
+    elements an asm block gets follows the tile's register layout, so only there). Otherwise
     (and in the interpreter, and for FP4 always) :func:`_elem_code`, ``mx.encode`` in exact fp32 arithmetic.
     """
     nonfinite = code_s == 0xFF
-    if HW_CVT and not _INTERPRETED and ROW_BLOCKS and not FP4:
+    if HW_CVT and not _INTERPRETED and ROW_VEC and not FP4:
         if E5M2:
             return _cvt_fp8x4_masked(v * recip, code_s, _CVT_E5M2X4_MASKED)
         else:
@@ -1279,7 +1282,7 @@ def _mx_quantize(
     inv_max, emax, mbits,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, HW_CVT: tl.constexpr, DTYPE: tl.constexpr, COPIES: tl.constexpr,
-    keep=None,
+    ROW_VEC: tl.constexpr, keep=None,
 ):  # fmt: skip
     """Both MX quantisations of a tile ``v`` ``[MX_R4, NB, MX_R8, 32]`` (the stage-1 values in fp32,
     rounded here to ``DTYPE``, x's dtype; +0.0 in the columns where ``keep``, a per-column mask, is false):
@@ -1345,7 +1348,7 @@ def _mx_quantize(
         s1_code = tl.where(dead | (ob * MX_BLOCK >= width), 0, s1_code)
         if SCALE_ALG == 0:
             code1 = tl.where(dead, 0xFF, code1)
-    y1 = _mx_codes(v, recip1[:, :, :, None], code1[:, :, :, None], mbits, FP4, E5M2, ROUND, HW_CVT, True)
+    y1 = _mx_codes(v, recip1[:, :, :, None], code1[:, :, :, None], mbits, FP4, E5M2, ROUND, HW_CVT, ROW_VEC)
     _store_codes(y1_ptr + y_off, y1, y_ok, FP4)
     tl.store(s1_ptr + rl * s1_stride + ob, s1_code.to(tl.uint8), mask=ok)
     # Column-wise: 32 rows of one column (rows past the block end are zeros = the padding); the registers'
@@ -1440,7 +1443,7 @@ def _mx_fwd_tile(
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr, HW_CVT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROW_VEC: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N output columns) of the forward. ``PLAIN_LOADS`` (N a multiple of 32,
     16-byte aligned tensors): loads without predicates, whose rows past the block's ``last`` row and blocks
@@ -1483,7 +1486,7 @@ def _mx_fwd_tile(
     _mx_quantize(
         act, rl, rows_ok, dead, ob, tile * NB, ob < s1_slots, n, s1_slots, y1b, s1b, y2b, s2b, s2_cols, m,
         inv_max, emax, mbits, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, HW_CVT,
-        DTYPE, PLAIN_LOADS, keep,
+        DTYPE, PLAIN_LOADS, ROW_VEC, keep,
     )  # fmt: skip
 
 
@@ -1496,7 +1499,7 @@ def swiglu_mx_quant_kernel(
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
     SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
-    HW_CVT: tl.constexpr, HAS_WEIGHT: tl.constexpr = False,
+    HW_CVT: tl.constexpr, HAS_WEIGHT: tl.constexpr = False, ROW_VEC: tl.constexpr = False,
 ):  # fmt: skip
     """One 32-row block of one batch slice of the forward operator, ``tiles_per_program`` tiles of
     ``BLOCK_N`` output columns (= pairs) from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
@@ -1529,7 +1532,7 @@ def swiglu_mx_quant_kernel(
             xb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, PAD_SELECT,
-            PLAIN_LOADS, HW_CVT, HAS_WEIGHT,
+            PLAIN_LOADS, HW_CVT, HAS_WEIGHT, ROW_VEC,
         )  # fmt: skip
 
 
@@ -1543,7 +1546,7 @@ def _mx_bwd_tile(
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr,
     PLAIN_LOADS: tl.constexpr, FAST: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROW_VEC: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N pairs) of the backward; returns its largest key (0 if exact) and, with
     ``HAS_WEIGHT``, the tile's part of grad_weight: per row (``[MX_R4, 1, MX_R8, 1]``) the sum of
@@ -1597,7 +1600,7 @@ def _mx_bwd_tile(
         _mx_quantize(
             v, rl, rows_ok, dead, blk, tile * NB, blk * K < n, c, c // MX_BLOCK, y1b, s1b, y2b, s2b, s2_cols,
             m, inv_max, emax, mbits, False, E5M2, SCALE_ALG, ROUND_RINT, TRANSPOSE_Y2, HW_CVT,
-            DTYPE, PLAIN_LOADS,
+            DTYPE, PLAIN_LOADS, ROW_VEC,
         )  # fmt: skip
     else:
         blk_ok = blk * MX_BLOCK < n
@@ -1612,7 +1615,7 @@ def _mx_bwd_tile(
             _mx_quantize(
                 v, rl, rows_ok, dead, blk + shift, tile * NB + shift, blk_ok, c, c // MX_BLOCK, y1b, s1b, y2b,
                 s2b, s2_cols, m, inv_max, emax, mbits, False, E5M2, SCALE_ALG, ROUND_RINT,
-                TRANSPOSE_Y2, HW_CVT, DTYPE, PLAIN_LOADS,
+                TRANSPOSE_Y2, HW_CVT, DTYPE, PLAIN_LOADS, ROW_VEC,
             )  # fmt: skip
     if FAST:
         return tl.max(key), part
@@ -1629,7 +1632,7 @@ def swiglu_bwd_mx_quant_kernel(
     GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
     CLIPPED: tl.constexpr, MODE: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr, DEN_KEY: tl.constexpr, HW_CVT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr = False, GW_DIRECT: tl.constexpr = True,
+    HAS_WEIGHT: tl.constexpr = False, GW_DIRECT: tl.constexpr = True, ROW_VEC: tl.constexpr = False,
 ):  # fmt: skip
     """One 32-row block of one batch slice of the backward operator, ``tiles_per_program`` tiles of
     ``BLOCK_N`` pairs from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
@@ -1669,7 +1672,7 @@ def swiglu_bwd_mx_quant_kernel(
             xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT, PLAIN_LOADS,
-            HW_CVT, DEN_KEY, HW_CVT, HAS_WEIGHT,
+            HW_CVT, DEN_KEY, HW_CVT, HAS_WEIGHT, ROW_VEC,
         )  # fmt: skip
         worst = tl.maximum(worst, key)
         gw += part
@@ -1690,7 +1693,7 @@ def swiglu_bwd_mx_quant_kernel(
                     xb, dyb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
                     m, n, A_INDEX, alpha, limit, glu_bias, inv_max, emax, mbits,
                     BLOCK_N // SPLIT, INTERLEAVED, CLIPPED, MODE, E5M2, SCALE_ALG, TRANSPOSE_Y2, PAD_SELECT,
-                    PLAIN_LOADS, False, DEN_KEY, HW_CVT, HAS_WEIGHT,
+                    PLAIN_LOADS, False, DEN_KEY, HW_CVT, HAS_WEIGHT, ROW_VEC,
                 )  # fmt: skip
 
 
