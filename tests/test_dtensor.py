@@ -33,7 +33,7 @@ def _randn(gen, *shape, dtype=torch.bfloat16, scale=1.0):
     return (torch.randn(shape, generator=gen) * scale).to(dtype)
 
 
-def _args(kind: str, gen, m=M, c=C, dtype=torch.bfloat16, lead=()):
+def _args(kind: str, gen, m=M, c=C, dtype=torch.bfloat16, lead=(), dst=torch.float8_e4m3fn):
     """Plain arguments of one operator family (x scaled so that the clamps bind somewhere)."""
     x = _randn(gen, *lead, m, c, dtype=dtype, scale=3.0)
     if kind == "clipped":
@@ -51,7 +51,9 @@ def _args(kind: str, gen, m=M, c=C, dtype=torch.bfloat16, lead=()):
     if kind in ("deq1", "deq2"):  # mx_dequantize of the forward's y1/mxscale1 (axis -1) or y2/mxscale2
         import swiglu_ops
 
-        y1, s1, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(x, interleaved=True, backend="reference")
+        y1, s1, y2, s2 = swiglu_ops.swiglu_mx_quant_dual_axis(
+            x, interleaved=True, dst_dtype=dst, backend="reference"
+        )
         data, scale = (y1, s1) if kind == "deq1" else (y2, s2)
         return dict(data=data, scale=scale, axis=-1 if kind == "deq1" else -2)
     return dict(x=x)  # mx_fwd
@@ -227,6 +229,8 @@ CASES = [
     ("deq2-S1-groups", "mx_dequantize", "deq2", dict(group_index=[33, 33, 128]), S1, [S1]),
     ("deq2-S0-groups-codes", "mx_dequantize", "deq2", dict(group_index=[33, 33, 128], codes=True), S0, None),
     ("deq1-S1-misaligned-codes", "mx_dequantize", "deq1", dict(c=128, codes=True), S1, None),
+    # packed FP4: 32 bytes a rank are 64 elements, one whole scale pair
+    ("deq1-S1-fp4", "mx_dequantize", "deq1", dict(dst=torch.float4_e2m1fn_x2), S1, [S1]),
     # axis -1 with group ends: rows stay independent, but the ends are global rows (checked against M)
     ("deq1-S0-groups-codes", "mx_dequantize", "deq1", dict(group_index=[40, 128], codes=True), S0, None),
     ("op:deq2-S0", "op:mx_dequantize", "deq2", {}, S0, [S0]),
@@ -244,7 +248,7 @@ CASES = [
     ("2d-fwd-RS1", "swiglu_mx_quant_dual_axis", "mx_fwd", dict(interleaved=True), (R, S1), [(R, S1)] * 4),
     ("2d-group_grad-S0S1", "swiglu_group_grad", "group_grad", {}, (S0, S1), None),
 ]
-_SHAPE_KEYS = ("m", "c", "lead")
+_SHAPE_KEYS = ("m", "c", "lead", "dst")
 
 
 def _placement(name):

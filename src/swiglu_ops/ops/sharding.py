@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..numerics import mx
 from .table import OPERATORS, OpDef
 
 __all__ = ["LAYOUTS", "Dims", "strategies", "register", "register_when_loaded"]
@@ -138,18 +139,32 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
+def _packed(values: dict) -> bool:
+    """Whether mx_dequantize's data holds packed FP4 (two elements a byte): its dtype, or for uint8 codes
+    the format that ``dst_dtype`` names."""
+    dst = values.get("dst_dtype")
+    if dst is None:
+        data = values["data"]  # a DTensorSpec (its tensor_meta) or a tensor
+        fmt = mx.format_of_dtype(data.tensor_meta.dtype if hasattr(data, "tensor_meta") else data.dtype)
+    else:
+        fmt = mx.element_format(mx.dst_from_name(dst) if isinstance(dst, str) else dst)
+    return fmt is not None and fmt.packed
+
+
 def _dequantize_dims(values: dict, n: int) -> Dims:
     """mx_dequantize: data [*batch, M, W] (W bytes: N codes, or N/2 packed FP4 bytes) and its scale. Axis -1
     (mxscale1 [*batch, M, P, 2]): rows are independent, but given group ends (global row numbers, checked
-    against M) M is not split; the columns split on whole 64-element scale pairs (``W % (64n) == 0``,
-    conservative for FP4). Axis -2 (mxscale2 [*batch, R, N, 2]): columns are independent (whole bytes:
-    ``W % n == 0``); M splits on whole 64-row pairs without groups, batch dims always."""
+    against M) M is not split; the columns split on whole 64-element scale pairs (``W % (64n) == 0``; packed
+    FP4, two elements a byte: ``W % (32n) == 0``). Axis -2 (mxscale2 [*batch, R, N, 2]): columns are
+    independent (whole bytes: ``W % n == 0``); M splits on whole 64-row pairs without groups, batch dims
+    always."""
     data = _shape(values["data"])
     *lead, m, w = data
     token = tuple(range(len(lead)))
     if values["axis"] == -1:
         token += (len(lead),) if values["group_index"] is None else ()
-        return Dims(token, len(data) - 1 if w % (64 * n) == 0 else None)
+        pair = 32 if _packed(values) else 64  # bytes of data per 64-element scale pair
+        return Dims(token, len(data) - 1 if w % (pair * n) == 0 else None)
     if values["group_index"] is None and m % (64 * n) == 0:
         token += (len(lead),)
     return Dims(token, len(data) - 1 if w % n == 0 else None)
