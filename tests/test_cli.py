@@ -135,3 +135,11 @@ def test_demo_makes_the_folder_of_its_picture(tmp_path):
     assert cli.main(["demo", "--tokens", "40", "9", "--d-model", "32", "--hidden", "32", "--steps", "2",
                      "--repeats", "1", "--backend", "cpu", "--plot", str(path)]) == 0  # fmt: skip
     assert path.stat().st_size > 10_000
+
+
+def test_verify_refuses_a_device_without_values(capsys):
+    """verify on meta tensors compares nothing: an error, not "verify: ok"."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["verify", "--device", "meta"])
+    assert info.value.code != 0
+    assert "--device meta" in capsys.readouterr().err

@@ -375,3 +375,15 @@ def test_blocked_layouts_equal_torchaos_reference_functions():
         [sys.executable, "-c", textwrap.dedent(_TORCHAO_CHECK)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0 and "torchao-equal" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_documented_short_module_paths_import_as_modules():
+    """``swiglu_ops.layouts`` and ``swiglu_ops.mx`` are documented as modules: ``import`` works, not only
+    attribute access."""
+    import importlib
+
+    import swiglu_ops
+
+    assert importlib.import_module("swiglu_ops.layouts") is swiglu_ops.layouts
+    assert importlib.import_module("swiglu_ops.mx") is swiglu_ops.mx
+    from swiglu_ops.layouts import to_blocked  # noqa: F401

@@ -243,3 +243,27 @@ def test_autograd_wrappers_compile_fullgraph():
     compiled = grads(torch.compile(fn, fullgraph=True, backend="aot_eager"))
     for got, want in zip(compiled, grads(fn), strict=True):
         assert torch.equal(got, want)
+
+
+_WRAPPERS = {
+    "clamped_swiglu": lambda x: swiglu_ops.clamped_swiglu(x, backend="reference"),
+    "ClampedSwiGLU": lambda x: swiglu_ops.ClampedSwiGLU(backend="reference")(x),
+    "swiglu_mx_backward": lambda x: swiglu_ops.swiglu_mx_backward(x, backend="reference"),
+    "ClippedSwiGLU": lambda x: swiglu_ops.ClippedSwiGLU(backend="reference")(x),
+    "MXFP8ExpertMLP": lambda x: swiglu_ops.MXFP8ExpertMLP(2, 64, 32, backend="reference")(
+        x.bfloat16(), torch.tensor([3, 8])
+    ),
+}
+
+
+@pytest.mark.parametrize("wrapper", list(_WRAPPERS))
+@pytest.mark.parametrize("loss", ["sum", "square"])
+def test_no_double_backward_is_an_error_not_a_dropped_term(wrapper, loss):
+    """A second-order term (a gradient penalty through create_graph=True) raises: the backward operators
+    have no derivative of their own. With a loss like y.sum() (incoming gradients that do not require grad)
+    it used to be dropped silently: the first-order gradient came back detached."""
+    x = torch.randn(8, 64, requires_grad=True)
+    y = _WRAPPERS[wrapper](x).float()
+    (g,) = torch.autograd.grad(y.sum() if loss == "sum" else y.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        (y.sum() + g.square().sum()).backward()

@@ -1021,6 +1021,46 @@ def test_autograd_wrappers_check_the_backend_at_the_forward():
         swiglu_ops.swiglu_mx_backward(x, backend=42)
 
 
+def test_autograd_wrappers_refuse_an_unavailable_backend_at_the_forward(monkeypatch):
+    """A named backend that cannot run on x's device is the forward's ValueError, not the backward's (the
+    wrappers whose forward runs no operator used to accept it)."""
+    monkeypatch.setattr(
+        registry.backend_module("reference"), "is_available", lambda device: (False, "disabled by test")
+    )
+    x = torch.randn(8, 64, requires_grad=True)
+    calls = {
+        "clamped_swiglu": lambda: swiglu_ops.clamped_swiglu(x, backend="reference"),
+        "ClampedSwiGLU": lambda: swiglu_ops.ClampedSwiGLU(backend="reference")(x),
+        "swiglu_mx_backward": lambda: swiglu_ops.swiglu_mx_backward(x, backend="reference"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="backend 'reference' is not available"):
+            call()
+        assert x.grad is None, name
+
+
+def test_capture_must_be_the_documented_type():
+    """swiglu_mx_backward takes an MXGradient, the expert MLP a dict: the other one (or anything else) is a
+    TypeError at the call, not an AttributeError in backward()."""
+    x = torch.randn(8, 64, requires_grad=True)
+    for bad in ({}, [], "y1"):
+        with pytest.raises(TypeError, match="capture must be an MXGradient or None"):
+            swiglu_ops.swiglu_mx_backward(x, capture=bad)
+    mlp = swiglu_ops.MXFP8ExpertMLP(2, 32, 64)
+    xb = torch.randn(6, 32, dtype=torch.bfloat16)
+    for bad in (swiglu_ops.MXGradient(), []):
+        with pytest.raises(TypeError, match="capture must be a dict or None"):
+            mlp(xb, torch.tensor([2, 6]), capture=bad)
+
+
+def test_wrapper_errors_name_the_callers_arguments():
+    with pytest.raises(ValueError, match="x last dim must be even and > 0"):
+        swiglu_ops.clamped_swiglu(torch.randn(4, 0))
+    mlp = swiglu_ops.MXFP8ExpertMLP(2, 32, 64)
+    with pytest.raises(ValueError, match="group_ends .* last value must equal"):
+        mlp(torch.randn(5, 32, dtype=torch.bfloat16), torch.tensor([2, 4]))
+
+
 _SETTINGS_PROBE = """
 import json, warnings, torch, swiglu_ops
 from swiglu_ops.ops import registry
@@ -1091,3 +1131,24 @@ def test_mx_dequantize_argument_types_on_every_path(over, error, match):
         args = {"data": y1.to(device), "scale": s1.to(device), "axis": -1, "group_index": None, **over}
         with pytest.raises(error, match=match):
             swiglu_ops.mx_dequantize(**args)
+
+
+def test_group_convention_warning_points_at_the_callers_line():
+    """The warning names the user's line whatever the library's path to it (a public function, a module
+    through nn.Module.__call__ and autograd.Function.apply), so that the default filter shows each call
+    site."""
+    import warnings
+
+    x = torch.randn(6, 8)
+    ends = torch.tensor([2, 4, 6, 6])  # cumulative ends given where counts are expected
+    calls = [
+        lambda: swiglu_ops.clipped_swiglu(x, ends, backend="reference"),
+        lambda: swiglu_ops.ClampedSwiGLU(backend="reference")(x, None, ends),
+        lambda: swiglu_ops.clamped_swiglu(x, None, ends, backend="reference"),
+    ]
+    for call in calls:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        found = [w for w in caught if issubclass(w.category, swiglu_ops.GroupConventionWarning)]
+        assert len(found) == 1 and found[0].filename == __file__, [(w.filename, w.lineno) for w in found]

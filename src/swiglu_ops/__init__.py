@@ -29,6 +29,8 @@ works inside ``torch.compile`` (``docs/integration.md``).
 
 from __future__ import annotations
 
+import sys as _sys
+
 from . import integrations
 from .numerics import mx
 from .numerics.mx import FLOAT4_E1M2FN_X2 as float4_e1m2fn_x2
@@ -57,6 +59,11 @@ from .training.nn import (
 )
 
 __version__ = "0.1.0"
+
+# The documented short module paths, importable as modules too (``import swiglu_ops.layouts``, ``from
+# swiglu_ops.mx import dst_name``), not only as attributes.
+_sys.modules[f"{__name__}.layouts"] = layouts
+_sys.modules[f"{__name__}.mx"] = mx
 
 
 __all__ = [

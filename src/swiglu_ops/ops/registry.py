@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = [
     "Backend",
@@ -155,6 +156,19 @@ def check_backend_name(backend) -> None:
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend != "auto" and backend not in _MODULES:
         raise ValueError(f"backend must be one of {('auto', *_MODULES)}, got {backend!r}")
+
+
+def check_backend_for(backend, t) -> None:
+    """:func:`check_backend_name`, and for a named backend whether it runs on the device of tensor ``t``
+    (the ``ValueError`` of a call): what the autograd wrappers check at their forward, so that a backend
+    their backward cannot use is an error there. Fake and meta tensors (and tracing under torch.compile)
+    run no kernel: not checked."""
+    check_backend_name(backend)
+    if backend == "auto" or torch.compiler.is_compiling() or not isinstance(t, torch.Tensor):
+        return
+    if t.device.type == "meta" or is_fake(t):
+        return
+    _named(backend, t.device)
 
 
 def _named(backend: str, device: torch.device) -> Backend:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import sys
 import warnings
 
@@ -289,8 +290,25 @@ def warn_if_ends_as_counts(group_index: torch.Tensor, rows: int) -> None:
             f"non-decreasing and sums to {total} > rows = {rows}: it looks like cumulative row ends "
             f"(PyTorch's offs; {effect}). Convert ends with swiglu_ops.ends_to_counts(offs).",
             GroupConventionWarning,
-            stacklevel=4,
+            stacklevel=caller_stacklevel(),
         )
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` (for the function that calls this) of the first frame outside
+    this package and torch: the user's call, however deep the library's path to the warning (a public
+    function, a module's forward through ``nn.Module.__call__`` and ``autograd.Function.apply``)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith((_PACKAGE, _TORCH, "<swiglu_ops"))):
+            break
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_real(name: str, value) -> float:
@@ -465,11 +483,11 @@ def check_mx_group_index(x: torch.Tensor, group_index) -> None:
     check_group_ends(group_index, x.shape[0])
 
 
-def check_group_ends(group_index: torch.Tensor, m: int) -> None:
+def check_group_ends(group_index: torch.Tensor, m: int, name: str = "group_index") -> None:
     """Cumulative row ends must be non-decreasing, >= 0 and end at ``m``. Checked wherever the values can be
     read without a device synchronisation (CPU tensors, also inside torch.compile: the custom op's real
     kernel checks them); device tensors are clamped by the kernels instead (contract section 2). The
-    message says when the values look like counts."""
+    message says when the values look like counts, naming the argument ``name``."""
     if not readable(group_index):
         return
     ends = group_index.to(torch.int64)
@@ -481,12 +499,12 @@ def check_group_ends(group_index: torch.Tensor, m: int) -> None:
         else ""
     )
     if bool((ends < 0).any()):
-        raise ValueError(f"group_index ({ENDS}) must be >= 0, got {values}{hint}")
+        raise ValueError(f"{name} ({ENDS}) must be >= 0, got {values}{hint}")
     if ends.numel() > 1 and bool((ends[1:] < ends[:-1]).any()):
-        raise ValueError(f"group_index ({ENDS}) must be non-decreasing, got {values}{hint}")
+        raise ValueError(f"{name} ({ENDS}) must be non-decreasing, got {values}{hint}")
     if values[-1] != m:
         raise ValueError(
-            f"group_index ({ENDS}) last value must equal the number of rows M = {m}, got {values}{hint}"
+            f"{name} ({ENDS}) last value must equal the number of rows M = {m}, got {values}{hint}"
         )
 
 

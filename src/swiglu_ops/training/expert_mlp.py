@@ -53,8 +53,9 @@ from ..numerics import glu as glu_math
 from ..numerics import mx
 from ..ops import api
 from ..ops import validate as V
-from ..ops.registry import check_backend_name
+from ..ops.registry import check_backend_for, check_backend_name
 from . import layouts
+from .autograd import no_double_backward
 
 mx_dequantize = api.mx_dequantize
 
@@ -369,7 +370,7 @@ class _ExpertMLPFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @no_double_backward
     def backward(ctx, dout):
         x, w1, w2, ends, h, experts, probs, *saved = ctx.saved_tensors
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
@@ -489,7 +490,7 @@ def _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, bac
     check_sizes(two_h, d)
     check_expert_ends(group_ends, e)
     V.check_device(x, w1=w1, w2=w2, group_ends=group_ends, b1=b1, b2=b2)  # None skipped
-    V.check_group_ends(group_ends, x.shape[0])  # values, where readable without a sync (CPU tensors)
+    V.check_group_ends(group_ends, x.shape[0], "group_ends")  # values, where readable without a sync (CPU)
     V.mx_glu_params(True, interleaved, limit, alpha, bias)
     if not isinstance(quantize, bool):
         raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
@@ -572,6 +573,9 @@ def mxfp8_expert_mlp(
         double backward.
     """
     _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2)
+    check_backend_for(backend, x)
+    if capture is not None and not isinstance(capture, dict):
+        raise TypeError(f"capture must be a dict or None, got {type(capture).__name__}")
     check_local("probs", probs)
     V.check_weight(probs, x, x.shape[0], name="probs")
     return _ExpertMLPFunction.apply(

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from ..numerics import glu as glu_math
 from ..ops import api
 from ..ops import validate as V
-from ..ops.registry import check_backend_name
+from ..ops.registry import check_backend_for, check_backend_name
 from ..ops.table import CLIPPED_SWIGLU
+from .autograd import no_double_backward
 from .expert_mlp import MXFP8ExpertMLP, mxfp8_expert_mlp
 
 mx_dequantize = api.mx_dequantize
@@ -79,22 +79,23 @@ def _row_mask(group_index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _half(x) -> torch.Tensor:
-    """``x[..., :H]``: stands in for grad_y / y_origin when the backward's validation runs at forward time."""
+    """``x[..., :H]``: stands in for grad_y / y_origin when the backward's validation runs at forward time
+    (so x's own rules are checked first, naming x)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 2:
         raise ValueError(f"x must have rank >= 2, got shape {tuple(x.shape)}")
     if x.dtype not in V.FLOAT_DTYPES:
         raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
-    if x.shape[-1] % 2 != 0:
-        raise ValueError(f"x last dim must be even (two halves), got {x.shape[-1]}")
+    if x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
+        raise ValueError(f"x last dim must be even and > 0 (two halves of H > 0), got {x.shape[-1]}")
     return x[..., : x.shape[-1] // 2]
 
 
 def _validate_forward(x, weight, group_index, clamp_limit, backend) -> float:
     """The backward operator's validation, run at forward time so that errors point at the forward call."""
-    check_backend_name(backend)
     half = _half(x)
+    check_backend_for(backend, x)
     V.check_dtensor_mix(dict(x=x, weight=weight, group_index=group_index))  # as the backward's gate will
     return V.validate_group_grad(half, x, weight, None if weight is None else half, group_index, clamp_limit)
 
@@ -111,6 +112,7 @@ class _ClampedSwiGLUFunction(torch.autograd.Function):
         return y.to(x.dtype)
 
     @staticmethod
+    @no_double_backward
     def backward(ctx, grad_y):
         x, weight, group_index = ctx.saved_tensors
         # y_origin must be the UNWEIGHTED output (recomputed here instead of stored): the operator returns
@@ -222,7 +224,7 @@ class ClippedSwigluFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
+    @no_double_backward
     def backward(ctx, grad_y):
         x, group_index = ctx.saved_tensors
         grad_x = None
@@ -351,7 +353,9 @@ class _SwiGLUMXFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss):
         limit, alpha, bias, interleaved = gpt_oss
-        check_backend_name(backend)  # here, not first in the backward
+        check_backend_for(backend, x)  # here, not first in the backward
+        if capture is not None and not isinstance(capture, MXGradient):
+            raise TypeError(f"capture must be an MXGradient or None, got {type(capture).__name__}")
         _, scale_alg, glu = V.validate_mx_backward(
             x,
             _half(x),
@@ -375,6 +379,7 @@ class _SwiGLUMXFunction(torch.autograd.Function):
         return glu_math.forward_rounded(x, glu)
 
     @staticmethod
+    @no_double_backward
     def backward(ctx, grad_y):
         x, group_index = ctx.saved_tensors
         y1, s1, y2, s2 = api.swiglu_backward_mx_quant_dual_axis(
