@@ -161,3 +161,51 @@ def test_calls_leave_threads_as_found(pool):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "OK", proc.stdout + proc.stderr[-2000:]
+
+
+FORK_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import swiglu_ops
+    torch.set_num_threads(2)
+    (torch.randn(2048, 2048) * 2).sum()  # PyTorch's OpenMP team now exists in this (the parent) process
+    if sys.argv[1] == "loaded":  # the cpu backend loaded before the fork, but no job on two threads yet
+        swiglu_ops.clipped_swiglu(torch.randn(2, 8), backend="cpu")
+    g = torch.randn(256, 2048).to(torch.bfloat16)
+    dy = torch.randn(256, 1024).to(torch.bfloat16)
+    pid = os.fork()
+    if pid == 0:  # the child's first job on two threads
+        swiglu_ops.swiglu_group_grad(dy, g, backend="cpu")
+        os._exit(0)
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("status", status)
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("HUNG")
+    """
+)
+
+
+@pytest.mark.slow(10)
+@pytest.mark.parametrize("before_fork", ["imported", "loaded"])
+def test_a_forked_child_runs_its_first_job_on_its_own_threads(before_fork):
+    """A child forked from a process with PyTorch's OpenMP team: the parent's team does not survive fork, so
+    the child's jobs run on the library's own pool. Its first job on two threads used to hang for good when
+    the backend was first used (or first loaded) after the fork: the library took the child for the
+    process that owns the team (e.g. DataLoader workers with more than one thread)."""
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env.pop("SWIGLU_OPS_CPU_POOL", None)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(swiglu_ops.__file__)))  # the tree under test
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_CHILD, before_fork], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "status 0", proc.stdout + proc.stderr[-2000:]

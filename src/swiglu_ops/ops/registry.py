@@ -16,6 +16,7 @@ which and why: never a silent fallback.
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -156,6 +157,24 @@ def check_backend_name(backend) -> None:
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     if backend != "auto" and backend not in _MODULES:
         raise ValueError(f"backend must be one of {('auto', *_MODULES)}, got {backend!r}")
+
+
+_FORKED = False
+
+
+def _mark_forked_child() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+def forked_child() -> bool:
+    """Whether this process is a child forked from one that had imported swiglu_ops: what a backend whose
+    threads do not survive fork (the cpu backend's use of PyTorch's OpenMP team) checks when it loads,
+    since backends load lazily, possibly only in the child."""
+    return _FORKED
 
 
 def check_backend_for(backend, t) -> None:

@@ -173,6 +173,8 @@ def _cache_setting() -> tuple[int, str]:
 _CACHE_BYTES, _SETTING_WHY = _cache_setting()
 #: Freed outputs kept for reuse, at most this many MiB of them (``SWIGLU_OPS_CPU_CACHE_MB``, 0 disables).
 OUTPUT_CACHE = OutputCache(max_bytes=_CACHE_BYTES)
+# A fork while another thread holds the cache's lock would leave it held forever in the child: a new one.
+os.register_at_fork(after_in_child=lambda: setattr(OUTPUT_CACHE, "_lock", threading.Lock()))
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:

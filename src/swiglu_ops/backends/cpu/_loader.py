@@ -22,6 +22,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ...ops import registry
+
 _CSRC = Path(__file__).with_name("csrc")
 _HEADER = _CSRC / "swiglu_cpu.h"
 
@@ -130,7 +132,8 @@ class Library:
             )
             return
         allowed = isa_choice_from_env(os.environ.get("SWIGLU_OPS_CPU_SIMD"))
-        lib.swiglu_cpu_use_own_pool(pool_choice_from_env(os.environ.get("SWIGLU_OPS_CPU_POOL")) == "own")
+        own = pool_choice_from_env(os.environ.get("SWIGLU_OPS_CPU_POOL")) == "own"
+        lib.swiglu_cpu_use_own_pool(own or registry.forked_child())  # (a forked child: its own pool)
         codes = {name: getattr(lib, f"SWIGLU_ISA_{name.upper()}") for name in ISAS}
         usable = [name for name in allowed if lib.swiglu_cpu_isa_supported(codes[name])]
         if not usable:

@@ -176,10 +176,12 @@ static void pool_after_fork_in_child(void) {
 }
 
 static void tables_after_fork_in_child(void);
+static atomic_int own_pool; /* 1: always the pool (not PyTorch's OpenMP team) */
 
 static void after_fork_in_child(void) {
     pool_after_fork_in_child();
     tables_after_fork_in_child();
+    atomic_store(&own_pool, 1); /* GNU OpenMP's team does not survive fork: the pool from here on */
 }
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -212,15 +214,22 @@ static int grow_workers(int want) {
    milliseconds, on the cores the pool's threads would need (MX backward at M=8192 right after a torch
    op: 11 ms on the pool, 7.5 on the team), while the team takes the job at once. The tasks are the
    same, taken from a counter of the job's own, so the bits are too. Not in a forked child (libgomp's team
-   does not survive fork: PyTorch's own parallel operations hang there) and not after
-   swiglu_cpu_use_own_pool(1) (SWIGLU_OPS_CPU_POOL=own, read by the Python loader): the pool then runs it. */
+   does not survive fork: PyTorch's own parallel operations hang there, and so did the first job of a
+   child whose parent had a team but loaded or used this library only after the fork) and not after
+   swiglu_cpu_use_own_pool(1) (SWIGLU_OPS_CPU_POOL=own, or a forked child, set by the Python loader and by
+   the fork handler): the pool then runs it. */
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 static gomp_parallel_fn gomp_parallel; /* NULL: no OpenMP team to use */
 static pid_t gomp_pid;                 /* the process that found it (a forked child has another pid) */
 static pthread_once_t gomp_once = PTHREAD_ONCE_INIT;
-static atomic_int own_pool; /* 1: always the pool */
 
-void swiglu_cpu_use_own_pool(int32_t own) { atomic_store(&own_pool, own != 0); }
+/* Called by the Python loader when it loads the library (own: SWIGLU_OPS_CPU_POOL=own, or a child forked
+   from a process that had imported swiglu_ops, where PyTorch's team may be the parent's). It also installs
+   the fork handler, so that a child forked after the load runs the pool even if no job ran before. */
+void swiglu_cpu_use_own_pool(int32_t own) {
+    pthread_once(&atfork_once, install_atfork);
+    atomic_store(&own_pool, own != 0);
+}
 
 static void find_gomp(void) {
     void *lib = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD); /* only one that is already loaded */
