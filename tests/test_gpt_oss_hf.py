@@ -251,6 +251,32 @@ def test_patch_refuses_a_different_activation(monkeypatch):
         patch_gpt_oss(tiny_model())
 
 
+def test_patch_checks_a_model_on_the_meta_device_too():
+    """A model built on meta (init_empty_weights, FSDP2's meta init, then to_empty) is checked like one with
+    weights (the probe reads none of them): a subclass with another activation, or a bad limit, is refused
+    there too (it used to be patched unchecked, and the wrong activation ran once the weights existed); a
+    GPT-OSS model is patched."""
+
+    class GeluExperts(GptOssExperts):
+        def _apply_gate(self, gate_up):
+            return torch.nn.functional.gelu(gate_up[..., ::2]) * gate_up[..., 1::2]
+
+    def on_meta():
+        with torch.device("meta"):
+            return GptOssForCausalLM(tiny_config("eager"))
+
+    model = on_meta()
+    next(m for m in model.modules() if isinstance(m, GptOssExperts)).__class__ = GeluExperts
+    with pytest.raises(RuntimeError, match="GeluExperts._apply_gate does not compute"):
+        patch_gpt_oss(model)
+    model = on_meta()
+    next(m for m in model.modules() if isinstance(m, GptOssExperts)).limit = -1.0
+    with pytest.raises(ValueError, match="limit"):
+        patch_gpt_oss(model)
+    model = patch_gpt_oss(on_meta())
+    assert all(is_patched(m) for m in model.modules() if isinstance(m, GptOssExperts))
+
+
 def test_patch_checks_each_class_and_changes_nothing_when_it_refuses():
     """The probe runs the module's own class's _apply_gate (a subclass with another activation is refused,
     not patched over), and every module is checked before any is patched (a bad limit in the second layer

@@ -152,6 +152,25 @@ def test_what_cannot_be_wrapped():
         ti.tokenwise_mxtensor(y2t, s2t, torch.tensor([96, 96]))
 
 
+def test_options_of_the_wrong_type_name_themselves():
+    """Flags are bools and kernel_preference a KernelPreference: a string flag used to be taken for its truth
+    (copy_data="no" copied, blocked="no" swizzled and became the MXTensor's is_swizzled_scales) and a bad
+    kernel_preference failed only inside torchao's matmul."""
+    y1, s1, _, _ = forward(64, torch.float8_e4m3fn)
+    _, _, y2t, s2t = forward(64, torch.float8_e4m3fn, transpose_y2=True)
+    calls = {
+        "blocked": lambda: ti.rowwise_mxtensor(y1, s1, blocked="no"),
+        "kernel_preference": lambda: ti.rowwise_mxtensor(y1, s1, kernel_preference="foo"),
+        "copy_data": lambda: ti.tokenwise_mxtensors(y2t, s2t, ENDS, copy_data="no"),
+        "transposed": lambda: ti.tokenwise_mxtensors(y2t, s2t, ENDS, transposed=None),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"{name} must be"):
+            call()
+    with pytest.raises(TypeError, match="blocked must be"):
+        ti.tokenwise_mxtensor(y2t, s2t, ENDS, blocked=1)
+
+
 @pytest.mark.parametrize("dst", FP8, ids=lambda d: str(d).split(".")[-1])
 def test_square_y2_is_checked_against_its_scales(dst):
     """M == N: the shapes cannot tell CANN's [M, N] y2 from the transposed one, so the data is checked

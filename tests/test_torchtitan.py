@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import unittest.mock
+
 import pytest
 import torch
 
@@ -26,6 +28,7 @@ set_spmd_backend("partial_dtensor")  # torch 2.13: torchtitan's default "spmd_ty
 from _distributed import run_on_group  # noqa: E402
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
+from swiglu_ops.integrations import torchtitan as tt  # noqa: E402
 from swiglu_ops.integrations.torchtitan import FusedExpertsConverter, FusedGroupedExperts  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- converter
@@ -72,7 +75,10 @@ def test_converter_leaves_subclasses_and_rejects_unknown_options():
         FusedGroupedExperts.Config(dim=64, hidden_dim=64, num_experts=4, recipe="bf16"),  # converted already
     ):
         tree = RoutedExperts.Config(inner_experts=inner, token_dispatcher=dispatcher)
-        assert FusedExpertsConverter.Config(recipe="mxfp8").build().convert(tree).inner_experts is inner
+        converter = FusedExpertsConverter.Config(recipe="mxfp8").build()
+        with unittest.mock.patch.object(tt.logger, "warning") as warning:  # converting nothing is said
+            assert converter.convert(tree).inner_experts is inner
+        assert converter.converted == 0 and "converted nothing" in warning.call_args.args[0]
     with pytest.raises(ValueError, match="recipe must be one of"):
         FusedExpertsConverter.Config(recipe="fp4").build()
     with pytest.raises(ValueError, match="recipe must be one of"):

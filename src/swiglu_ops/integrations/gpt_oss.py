@@ -73,8 +73,8 @@ def _check_same_function(experts, backend: str) -> None:
     +-limit) catches a transformers version or a subclass where it is not."""
     original = type(experts)._apply_gate
     device = next((p.device for p in experts.parameters()), torch.device("cpu"))
-    if device.type == "meta":  # no data to run on (e.g. a model built under init_empty_weights)
-        return
+    if device.type == "meta":  # parameters without data (init_empty_weights, FSDP2's meta init): the probe
+        device, backend = torch.device("cpu"), "reference"  # reads none of them, so it runs on CPU
     limit = float(experts.limit)
     scale = limit if limit < 1e30 else 8.0
     probe = torch.linspace(-1.5, 1.5, 48, dtype=torch.float32, device=device).reshape(2, 24) * scale

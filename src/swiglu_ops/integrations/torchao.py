@@ -86,6 +86,19 @@ def _swizzled(plain: torch.Tensor) -> torch.Tensor:
     return blocked.view(_ceil_div(rows, 128) * 32, _ceil_div(cols, 4) * 16)
 
 
+def _check_options(kernel_preference, **flags) -> None:
+    """The wrappers' options, before anything is read: each flag a bool (a string would be taken for its
+    truth), ``kernel_preference`` None or a torchao ``KernelPreference`` (another value failed only later,
+    inside torchao's matmul)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    if kernel_preference is not None and not isinstance(kernel_preference, KernelPreference):
+        raise TypeError(
+            f"kernel_preference must be a torchao KernelPreference or None, got {kernel_preference!r}"
+        )
+
+
 def _make(qdata, scale, elem_dtype, orig_dtype, kernel_preference, swizzled) -> MXTensor:
     if orig_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"orig_dtype must be bfloat16, float16 or float32, got {orig_dtype}")
@@ -113,6 +126,7 @@ def rowwise_mxtensor(
 
     Scales: a view of ``mxscale1`` when plain and ``N % 64 == 0``; otherwise new (see the module doc).
     """
+    _check_options(kernel_preference, blocked=blocked)
     qdata, elem = _qdata("y1", y1)
     _scale_dtype("mxscale1", mxscale1)
     if y1.dim() < 2 or not y1.is_contiguous():
@@ -225,6 +239,7 @@ def tokenwise_mxtensor(
     A CANN ``[M, N]`` y2 is refused by its shape; when M == N the shapes cannot tell, and the data is checked
     against the scales instead (one read of it and a host synchronisation, only then).
     """
+    _check_options(kernel_preference, blocked=blocked)
     qdata, elem, m, n = _check_y2(y2t, mxscale2, transposed=True)
     bounds = _group_bounds(group_index, m)
     _whole_blocks(bounds, "(one MXTensor over all groups)")
@@ -263,6 +278,7 @@ def tokenwise_mxtensors(
     group's data is copied into a contiguous ``[N, n_g]``. Each group's rows must be a multiple of 32.
     Scales are new (each group's ``[N, n_g/32]``).
     """
+    _check_options(kernel_preference, transposed=transposed, copy_data=copy_data, blocked=blocked)
     qdata, elem, m, n = _check_y2(y2, mxscale2, transposed)
     bounds = _group_bounds(group_index, m)
     _whole_blocks(bounds, "per group")

@@ -212,6 +212,12 @@ class FusedExpertsConverter(QuantizationConverter):
                 setattr(parent, attr, new)
             converted += 1
         self.converted = converted
+        if converted == 0:  # a model whose experts are all subclasses (GPT-OSS's) or converted already
+            logger.warning(
+                "FusedExpertsConverter converted nothing: the model config has no plain GroupedExperts "
+                "(subclasses such as GPT-OSS's GptOssGroupedExperts, and FusedGroupedExperts, stay as "
+                "they are)"
+            )
         logger.info(
             f"Converted {converted} GroupedExperts to swiglu_ops FusedGroupedExperts "
             f"(recipe={self.config.recipe!r}, backend={self.config.backend!r}, gemm={self.config.gemm!r})"
