@@ -13,8 +13,9 @@
 MoE expert
   MLP whose SwiGLU runs on both dual-axis MX operators (forward and backward) and whose GEMMs read MXFP8.
 
-The backwards (and the clipped forward) call the registered custom ops (``torch.ops.swiglu_ops.*``), so they
-trace under ``torch.compile``.
+The backwards (and the clipped forward) call the public operator functions: the kernels directly in eager
+mode, the registered custom ops (``torch.ops.swiglu_ops.*``) under ``torch.compile`` and for fake, meta and
+subclass inputs, so they trace.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ releases the GIL around every call.
 
 ``SWIGLU_OPS_CPU_SIMD`` chooses the kernels' instruction set: unset or ``auto`` the best this CPU runs
 (AVX-512 with AVX512-BF16, AVX-512, AVX2, portable); ``portable``, ``avx2``, ``avx512`` or ``avx512_bf16``
-one of them (CI runs the test suite with ``portable`` as well; all give the same bits).
+one of them (all give the same bits: the tests compare every instruction set this CPU runs, in process).
 
 ``SWIGLU_OPS_CPU_GATHER`` chooses how the AVX-512 kernels read their activation tables (one entry per 16-bit
 input bit pattern): ``auto`` (default) the hardware gather where it is fast (:func:`fast_gather`), else
