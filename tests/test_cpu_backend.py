@@ -803,8 +803,25 @@ def test_benchmark_times_every_call_after_an_untimed_cache_eviction():
     )
     assert log == ["a", "b"] + ["evict", "a", "evict", "b"] * 3  # the warm-up calls, then every timed call
     assert all(t < 40 for t in times)  # the 50 ms evictions are outside the timings
-    llc = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0
+    # twice the last-level cache, as the C library reports it (getconf: glibc's sysconf, which Python's
+    # os.sysconf cannot ask; the benchmark used to fall back to 256 MiB on this 480 MiB-L3 host)
+    try:
+        out = subprocess.run(["getconf", "LEVEL3_CACHE_SIZE"], capture_output=True, text=True, timeout=10)
+        llc = int(out.stdout.strip() or 0)
+    except (OSError, ValueError):
+        llc = 0
+    if llc > 0:
+        assert bench.last_level_cache_bytes() == llc
     assert bench.cache_evict_bytes() == (min(2 * llc, 2 << 30) if llc > 0 else 256 << 20)
+
+
+def test_benchmark_sweep_refuses_quick(capsys):
+    """--sweep --quick ran the full-size sweep warm and overwrote the sweep's results: refused."""
+    from swiglu_ops import bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["--sweep", "--quick", "--out", "/nonexistent"])
+    assert "--sweep takes no --quick" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------ output cache

@@ -274,9 +274,26 @@ def _isa(name: str):
     return cpu.instruction_set(name)
 
 
+def last_level_cache_bytes() -> int:
+    """The size of CPU 0's last-level cache in bytes (Linux sysfs: the highest cache level's ``size``), 0
+    where the system does not say. (Python's ``os.sysconf`` has no cache names, so it cannot tell.)"""
+    levels = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        digits = size[:-1] if size[-1:] in ("K", "M", "G") else size
+        if digits.isdigit():
+            levels[level] = max(levels.get(level, 0), int(digits) * unit)
+    return levels[max(levels)] if levels else 0
+
+
 def cache_evict_bytes() -> int:
-    """Twice the last-level cache (sysconf), 2 GiB at most; 256 MiB where the C library does not say."""
-    llc = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0
+    """Twice the last-level cache, 2 GiB at most; 256 MiB where the system does not say its size."""
+    llc = last_level_cache_bytes()
     return min(2 * llc, 2 << 30) if llc > 0 else 256 << 20
 
 
@@ -602,6 +619,8 @@ def main(argv=None) -> int:
     compile_reference = not (args.quick or args.no_compile)
     gen = torch.Generator().manual_seed(0)
     results = []
+    if args.sweep and args.quick:  # the sweep's shapes are its point: warm small runs would replace them
+        p.error("--sweep takes no --quick (the sweep runs its full shapes on a cold cache)")
     cases = sweep_cases(args.ops) if args.sweep else default_cases(args.quick, args.ops)
     if args.only:
         unknown = sorted(set(args.only) - {c.label for c in cases})
@@ -646,6 +665,7 @@ def main(argv=None) -> int:
         "quick": args.quick,
         "repeats": repeats,
         "cold_cache": not args.quick,  # each timed call after writing twice the last-level cache
+        "evict_bytes": 0 if args.quick else cache_evict_bytes(),
     }
     (args.out / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "results": rows, "first_call_latency": latency}, indent=2)
