@@ -87,9 +87,8 @@ def _out_slots(op: OpDef, values: dict, out) -> list:
     """``out=`` as one entry per output of the table (None for an absent output that takes no slot)."""
     if len(op.outputs) == 1:
         return [out]
-    kept = op.returned(
-        values
-    )  # as many as the public function returns: an absent dropped output takes no slot
+    # as many as the public function returns: an absent dropped output takes no slot
+    kept = op.returned(values)
     if not isinstance(out, (tuple, list)) or len(out) != len(kept):
         raise TypeError(f"out must be a ({', '.join(o.name for o in kept)}) tuple")
     slots = iter(out)

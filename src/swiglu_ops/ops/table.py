@@ -78,9 +78,7 @@ class Param:
         if self.to_schema is not None or (value is None and self.schema.endswith("?")):
             return
         if self.is_tensor:
-            if not isinstance(value, torch.Tensor):
-                what = "a torch.Tensor or None" if self.schema.endswith("?") else "a torch.Tensor"
-                raise TypeError(f"{self.name} must be {what}, got {type(value).__name__}")
+            V.check_tensor(self.name, value, optional=self.schema.endswith("?"))
             return
         kind = self.schema.removesuffix("?")
         accepts, what = _SCALAR_TYPES[kind]

@@ -186,7 +186,8 @@ def check_tensor(name: str, t, *, optional: bool = False) -> None:
     if t is None and optional:
         return
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        what = "a torch.Tensor or None" if optional else "a torch.Tensor"
+        raise TypeError(f"{name} must be {what}, got {type(t).__name__}")
 
 
 def check_weight(weight, x: torch.Tensor, rows: int, name: str = "weight") -> None:
@@ -713,8 +714,7 @@ def check_dequantize_args(data, scale, axis, group_index, dtype) -> None:
     turn them into its own errors)."""
     check_tensor("data", data)
     check_tensor("scale", scale)
-    if group_index is not None and not isinstance(group_index, torch.Tensor):
-        raise TypeError(f"group_index must be a torch.Tensor or None, got {type(group_index).__name__}")
+    check_tensor("group_index", group_index, optional=True)
     check_dequantize_dtype(dtype)
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise TypeError(f"axis must be an int, -1 (mxscale1) or -2 (mxscale2), got {type(axis).__name__}")
