@@ -779,6 +779,41 @@ REJECTED = [
         ValueError,
         "SWIGLU_OPS_TRITON_HW_CVT",
     ),
+    # --- 2026-12-06's rejections (their own tests run them on every path and kind; here one row each)
+    ("mx: int past int64", mx_fwd(scale_alg=2**70), ValueError, "scale_alg must fit in int64"),
+    ("cs: float past the float range", clipped(alpha=10**400), ValueError, "alpha must fit in a float"),
+    (
+        "gg: group_index not a tensor",
+        group_grad(group_index=3),
+        TypeError,
+        "group_index must be a torch.Tensor",
+    ),
+    ("dequant: axis a float", dequant(axis=-1.0), TypeError, "axis must be an int"),
+    ("dequant: group_index an int", dequant(group_index=2), TypeError, "group_index must be a torch.Tensor"),
+    (
+        "cs: out a ZeroTensor",
+        clipped(out=torch._efficientzerotensor((4, 16))),
+        ValueError,
+        "out must have storage, got a ZeroTensor",
+    ),
+    (
+        "cs: x inside vmap",
+        lambda: torch.func.vmap(lambda t: swiglu_ops.clipped_swiglu(t, backend="reference"))(ones(2, 4, 32)),
+        TypeError,
+        "torch.func transform",
+    ),
+    (
+        "mx backward wrapper: capture a dict",
+        lambda: swiglu_ops.swiglu_mx_backward(ones(4, 64), capture={}),
+        TypeError,
+        "capture must be an MXGradient or None",
+    ),
+    (
+        "clamped wrapper: x with H = 0",
+        lambda: swiglu_ops.clamped_swiglu(ones(4, 0)),
+        ValueError,
+        "x last dim",
+    ),
 ]
 
 
