@@ -46,8 +46,11 @@ def test_verify_passes_for_every_available_backend(capsys):
 
 def test_verify_measures_grad_weight_at_the_summed_terms_size():
     """A grad_weight row whose terms cancel is only reproducible, in another summation order, relative to
-    its terms' size (the contract; the test comparators' rule): verify measures it there, not at the sum."""
+    its terms' size (the contract; the test comparators' rule): verify and the benchmark measure it there,
+    not at the sum."""
     import torch
+
+    from swiglu_ops.ops import checks
 
     grad_y = torch.tensor([[1.0, -1.0, 0.5], [2.0, 1.0, 1.0]], dtype=torch.bfloat16)
     y_origin = torch.tensor([[3.0, 2.9990234375, 0.0], [1.0, 1.0, 1.0]], dtype=torch.bfloat16)
@@ -55,11 +58,10 @@ def test_verify_measures_grad_weight_at_the_summed_terms_size():
     want = (grad_y.double() * y_origin.double()).sum(-1).float()  # row 0: 3 - 2.999 = 0.00098 (terms ~6)
     magnitude = torch.tensor([6.0, 4.0], dtype=torch.float64)
     off_by = lambda rel: (want.double() + rel * magnitude).float()  # noqa: E731
-    assert cli._close("grad_weight", off_by(2e-6), want, values)[
-        1
-    ]  # 1.2e-2 of row 0's sum, 2e-6 of its terms
-    assert not cli._close("grad_weight", off_by(5e-5), want, values)[1]
-    assert not cli._close("grad_weight", off_by(2e-6), want, {"grad_y": grad_y, "y_origin": None})[1]
+    # 1.2e-2 of row 0's sum, 2e-6 of its terms
+    assert checks._close("grad_weight", off_by(2e-6), want, values)[1]
+    assert not checks._close("grad_weight", off_by(5e-5), want, values)[1]
+    assert not checks._close("grad_weight", off_by(2e-6), want, {"grad_y": grad_y, "y_origin": None})[1]
 
 
 def test_grad_weight_error_counts_equal_specials_as_equal_and_other_specials_as_failures():

@@ -740,7 +740,68 @@ def test_benchmark_quick_mode_writes_results(tmp_path, capsys):
     results = json.loads((tmp_path / "bench_cpu.json").read_text())["results"]
     assert {"swiglu_group_grad", "swiglu_bwd_mx_quant"} <= {r["op"] for r in results}
     assert all(r["fused_ms"] > 0 and r["copy_ms"] > 0 for r in results)
+    assert all(r["check"] == "ok" for r in results)  # every case's results against the reference's
     assert (tmp_path / "bench_cpu.csv").read_text().count("\n") == len(results) + 1
+
+
+@pytest.mark.parametrize(
+    "op, output, flip",
+    [("swiglu_mx_quant", 0, 0x02), ("swiglu_bwd_mx_quant", 3, 0x01), ("swiglu_bwd_mx_quant", 4, 0x100)],
+)
+def test_benchmark_fails_a_case_whose_results_differ_from_the_reference(
+    monkeypatch, tmp_path, op, output, flip
+):
+    """A fast kernel that is wrong must not pass as fast: the benchmark compares every case's results with
+    the reference's (the verify rule) and fails the command. Here the cpu results are corrupted after the
+    call: FP8 codes two units off, an E8M0 scale one code off in two places (more than the one near tie a
+    small tensor may hold), grad_weight far beyond its tolerance."""
+    from swiglu_ops import bench
+
+    real = bench._call
+
+    def corrupted(op_, args, kwargs, backend, out=None):
+        res = real(op_, args, kwargs, backend, out)
+        if backend == "cpu" and len(res) > output:  # (not the unweighted call beside a weighted case)
+            bits = {1: torch.uint8, 4: torch.int32}[res[output].element_size()]
+            t = res[output].view(bits).reshape(-1)
+            t[:2] ^= flip
+        return res
+
+    monkeypatch.setattr(bench, "_call", corrupted)
+    case = bench.Case(op, 64, 256, torch.bfloat16, weighted=output == 4, baselines=False)
+    result = bench.run_case(case, repeats=1, compile_reference=False, gen=torch.Generator().manual_seed(0))
+    assert result.check.startswith("FAIL") and ("2 differ" in result.check or "max rel" in result.check)
+    assert "RESULTS DIFFER from the reference" in bench.format_table([result])
+    monkeypatch.setattr(bench, "default_cases", lambda quick, ops: [case])
+    assert bench.main(["--quick", "--repeats", "1", "--no-latency", "--out", str(tmp_path)]) == 1
+    monkeypatch.setattr(bench, "_call", real)
+    assert bench.run_case(case, repeats=1, compile_reference=False, gen=torch.Generator()).check == "ok"
+
+
+def test_benchmark_times_each_baseline_in_turns_with_the_fused_op(monkeypatch):
+    """x eager / x comp are ratios of the same rounds: the baseline and the fused op alternate, and the
+    speed-up divides by the fused op's time in those rounds (not by its time in the copy's rounds)."""
+    from swiglu_ops import bench
+
+    log = []
+    real = bench._call
+
+    def logged(op_, args, kwargs, backend, out=None):
+        log.append(backend if out is None else "out")
+        return real(op_, args, kwargs, backend, out)
+
+    monkeypatch.setattr(bench, "_call", logged)
+    monkeypatch.setattr(bench, "_compiled_reference", lambda op: lambda *a: log.append("compiled"))
+    case = bench.Case("clipped_swiglu", 64, 256, torch.bfloat16)
+    result = bench.run_case(case, repeats=3, compile_reference=True, gen=torch.Generator().manual_seed(0))
+    eager_turns = ["cpu", "reference"] * 3  # warm-up and 2 rounds
+    compiled_turns = ["cpu", "compiled"] * 4  # warm-up and 3 rounds, then one call counting page faults
+    assert log == ["cpu", "out"] * 4 + eager_turns + compiled_turns + ["compiled"], (
+        log
+    )  # (the copy: unlogged)
+    assert result.speedup_vs_eager == result.eager_ms / result.eager_turns_ms
+    assert result.speedup_vs_compiled == result.compiled_ms / result.compiled_turns_ms
+    assert result.check == "ok"
 
 
 def test_benchmark_reports_a_failing_compiled_baseline_instead_of_aborting(monkeypatch):

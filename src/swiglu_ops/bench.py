@@ -17,7 +17,9 @@ For every case, in one run on the same machine:
   cache lines, every vector access split in two (9-14 % slower, which read as the op beating the copy).
   % of copy roofline = copy time / op time;
 - ``eager``: the reference backend; ``compiled``: the reference backend's kernel functions under
-  ``torch.compile`` (graph breaks allowed: its group loop is Python), for the cases marked as baselines.
+  ``torch.compile`` (graph breaks allowed: its group loop is Python), for the cases marked as baselines,
+  each timed in turns with the fused op (one call of each per round): ``x eager`` and ``x comp`` are ratios
+  of the same minutes of the host.
   For swiglu_group_grad, grad_weight is a plain ``torch.sum`` there instead of the reference's NumPy-order
   pairwise sum, which Inductor cannot compile in reasonable time (that only makes the baseline faster).
   ``compiled_faults`` counts the page faults of one compiled call: Inductor's code for swiglu_group_grad
@@ -34,6 +36,12 @@ where the call before it had left them, depending on the order of the turns and 
 (480 MiB of L3 on the Intel host: the MX backward took 9.0 ms right after a call on the same inputs, 11.4
 after the copy, and the copy of the forward's bytes 2.6-4.5 ms from run to run); all of them now read and
 write memory.
+
+Every case's results are also checked against the reference backend's on the same inputs
+(:func:`swiglu_ops.ops.checks.compare_outputs`, the rule of ``swiglu-ops verify``: bitwise but for the
+contract's near ties, grad_weight within its relative tolerance): a fast kernel that is wrong is reported
+(``check``; ``RESULTS DIFFER`` under the table) and makes the command fail, however fast it ran. The sweep
+checks its cases up to 8192 rows.
 
 Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call latency of each operator in a fresh
 interpreter) and ``bench_cpu.png`` (% of copy roofline and time over sizes) into ``--out``.
@@ -61,6 +69,7 @@ from .numerics import mx
 from .numerics.glu import GluParams
 from .ops import api, registry
 from .ops import validate as V
+from .ops.checks import call_values, compare_outputs
 from .ops.table import PUBLIC
 
 #: The benchmarked operators, by their kernel contract's name (the table's rows: one per public operator).
@@ -83,6 +92,7 @@ class Case:
     baselines: bool = True  # time the reference eager and compiled too
     weighted: bool = False  # the MX operators with a routing weight (weight=, spec 7.1)
     threads: int = 0  # torch threads while timed (0: as set)
+    check: bool = True  # compare the results with the reference's (ops.checks)
 
     @property
     def name(self) -> str:
@@ -114,6 +124,11 @@ class Result:
     threads: int = 0
     #: minor page faults in one call of the compiled reference (fresh temporaries fault page by page)
     compiled_faults: int | None = None
+    #: the fused op's time in the turns of the eager / compiled baseline (their speed-ups' denominators)
+    eager_turns_ms: float | None = None
+    compiled_turns_ms: float | None = None
+    #: the results against the reference's (ops.checks): "ok", "FAIL: ..." or "" (not checked)
+    check: str = ""
     pct_roofline: float = field(init=False)
     pct_roofline_out: float = field(init=False)
     speedup_vs_compiled: float | None = field(init=False)
@@ -122,8 +137,9 @@ class Result:
     def __post_init__(self):
         self.pct_roofline = 100 * self.copy_ms / self.fused_ms
         self.pct_roofline_out = 100 * self.copy_ms / self.fused_out_ms
-        self.speedup_vs_compiled = None if self.compiled_ms is None else self.compiled_ms / self.fused_ms
-        self.speedup_vs_eager = None if self.eager_ms is None else self.eager_ms / self.fused_ms
+        speedup = lambda base, op: None if base is None else base / (op or self.fused_ms)  # noqa: E731
+        self.speedup_vs_compiled = speedup(self.compiled_ms, self.compiled_turns_ms)
+        self.speedup_vs_eager = speedup(self.eager_ms, self.eager_turns_ms)
 
 
 def _progress(msg: str) -> None:
@@ -314,34 +330,51 @@ def run_case(
         copy_bytes -= copy_bytes % 4096
     src = torch.ones(copy_bytes, dtype=torch.uint8)  # written: a fresh buffer would read the zero page
     dst = torch.empty_like(src)
-    _progress(f"{case.name}: fused cpu kernel and the copy roofline ({nbytes / 1e6:.0f} MB), in turns")
     saved_threads = torch.get_num_threads()
+    got, want = [None], [None]  # the last results of the op and of the reference
+
+    def fused():
+        got[0] = _call(case.op, args, kwargs, "cpu")
+
+    def eager():
+        want[0] = _call(case.op, args, kwargs, "reference")
+
+    eager_ms = compiled_ms = compiled_faults = eager_turns_ms = compiled_turns_ms = None
+    compiled_error = check = ""
     with _isa(case.isa), _threads(case.threads):
         isa = cpu.LIBRARY.isa
-        calls = [
-            lambda: dst.copy_(src),
-            lambda: _call(case.op, args, kwargs, "cpu"),
-            lambda: _call(case.op, args, kwargs, "cpu", out=outs),
-        ]
+        _progress(f"{case.name}: fused cpu kernel and the copy roofline ({nbytes / 1e6:.0f} MB), in turns")
+        calls = [lambda: dst.copy_(src), fused, lambda: _call(case.op, args, kwargs, "cpu", out=outs)]
         if case.weighted:  # the unweighted call in the same turns: the weight's cost, same minute of the host
             plain = {k: v for k, v in kwargs.items() if k != "weight"}
             calls.append(lambda: _call(case.op, args, plain, "cpu"))
         copy_ms, fused_ms, fused_out_ms, *unweighted = _time_in_turns_ms(calls, repeats, evict)
-    eager_ms = compiled_ms = compiled_faults = None
-    compiled_error = ""
-    if case.baselines:
-        slow_repeats = max(1, repeats // 3)
-        _progress(f"{case.name}: reference eager")
-        eager_ms = _time_ms(lambda: _call(case.op, args, kwargs, "reference"), slow_repeats, evict)
-        if compile_reference:
-            _progress(f"{case.name}: reference under torch.compile (compiling...)")
-            fn = _compiled_reference(case.op)
-            try:
-                compiled_ms = _time_ms(lambda: fn(*kernel_args), slow_repeats, evict)
-                compiled_faults = faults_per_call(lambda: fn(*kernel_args))
-            except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
-                compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-                _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
+        # the baselines in turns with the op too: each speed-up is a ratio of the same minutes of the host
+        slow_repeats = max(2, repeats // 3)
+        if case.baselines:
+            _progress(f"{case.name}: reference eager, in turns with the fused op")
+            eager_turns_ms, eager_ms = _time_in_turns_ms([fused, eager], slow_repeats, evict)
+            if compile_reference:
+                _progress(
+                    f"{case.name}: reference under torch.compile (compiling...), in turns with the fused op"
+                )
+                fn = _compiled_reference(case.op)
+                try:
+                    compiled_turns_ms, compiled_ms = _time_in_turns_ms(
+                        [fused, lambda: fn(*kernel_args)], repeats, evict
+                    )
+                    compiled_faults = faults_per_call(lambda: fn(*kernel_args))
+                except Exception as exc:  # noqa: BLE001 - a failing baseline must not hide the op's numbers
+                    compiled_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+                    _progress(f"{case.name}: compiled reference unavailable ({compiled_error})")
+        if case.check:
+            if want[0] is None:
+                _progress(f"{case.name}: checking the results against the reference")
+                eager()
+            op = next(o for o in PUBLIC if o.kernel == case.op)
+            values = call_values(getattr(api, op.name), args, kwargs)
+            found = compare_outputs(op, values, got[0], want[0])
+            check = "ok" if all(good for _, good in found) else "FAIL: " + ", ".join(w for w, _ in found)
     return Result(
         case.op,
         case.rows,
@@ -361,6 +394,9 @@ def run_case(
         unweighted[0] if unweighted else None,
         case.threads or saved_threads,
         compiled_faults,
+        eager_turns_ms,
+        compiled_turns_ms,
+        check,
     )
 
 
@@ -395,7 +431,11 @@ def sweep_cases(ops=OPS) -> list[Case]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     cases = []
     for op in ops:
-        cases += [Case(op, m, 4096, bf16, label="sweep M", baselines=False) for m in SWEEP_ROWS]
+        # (the results are checked against the reference's up to the headline's 8192 rows: beyond, one
+        # eager reference call takes a minute and gigabytes)
+        cases += [
+            Case(op, m, 4096, bf16, label="sweep M", baselines=False, check=m <= 8192) for m in SWEEP_ROWS
+        ]
         cols = [c for c in SWEEP_COLS if op != "swiglu_bwd_mx_quant" or c % 64 == 0]
         cols = [c for c in cols if op != "swiglu_mx_quant" or c % 4 == 0]  # FP8 takes any even 2H
         cases += [Case(op, 8192, c, bf16, label="sweep 2H", baselines=False) for c in cols]
@@ -482,7 +522,7 @@ def _case_name(r: Result) -> str:
 def format_table(results: list[Result]) -> str:
     head = (
         f"{'case':<46} {'isa':>11} {'MB':>6} {'copy':>7} {'fused':>7} {'%roof':>6} {'out=':>7} {'%roof':>6} "
-        f"{'eager':>8} {'compiled':>8} {'x comp':>7} {'x eager':>7}"
+        f"{'eager':>8} {'compiled':>8} {'x comp':>7} {'x eager':>7} {'check':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
@@ -490,14 +530,18 @@ def format_table(results: list[Result]) -> str:
             f"{_case_name(r):<46} {r.isa:>11} {r.mbytes:>6.0f} {r.copy_ms:>7.2f} {r.fused_ms:>7.2f} "
             f"{r.pct_roofline:>5.0f}% {r.fused_out_ms:>7.2f} {r.pct_roofline_out:>5.0f}% "
             f"{_fmt(r.eager_ms, '>8.1f')} {_fmt(r.compiled_ms, '>8.1f')} "
-            f"{_fmt(r.speedup_vs_compiled, '>6.1f', 'x')} {_fmt(r.speedup_vs_eager, '>6.1f', 'x')}"
+            f"{_fmt(r.speedup_vs_compiled, '>6.1f', 'x')} {_fmt(r.speedup_vs_eager, '>6.1f', 'x')} "
+            f"{(r.check or '-')[:4]:>5}"
         )
     lines.append(
-        "times in ms (median; but for --quick, every call on a cold last-level cache); %roof = copy time / "
-        "op time; x comp / x eager = speedup of the fused op as called; isa = the C kernels' instruction set"
-        + (" (AVX-512 activation tables read by gather)" if _cpu_gathers() else "")
+        "times in ms (median; every call on a cold last-level cache, but with --quick); %roof = copy time / "
+        "op time; x comp / x eager = speedup of the fused op as called, timed in turns with the baseline; "
+        "check = the results against the reference's (bitwise but for near ties); isa = the C kernels' "
+        "instruction set" + (" (AVX-512 activation tables read by gather)" if _cpu_gathers() else "")
     )
     for r in results:
+        if r.check.startswith("FAIL"):
+            lines.append(f"RESULTS DIFFER from the reference for {_case_name(r)}: {r.check[6:]}")
         if r.compiled_error:
             lines.append(f"compiled reference failed for {_case_name(r)}: {r.compiled_error}")
         if r.compiled_faults is not None and r.compiled_faults >= FAULTS_NOTED:
@@ -672,7 +716,7 @@ def main(argv=None) -> int:
     )
     plotted = (_plot_sweep if args.sweep else _plot)(results, args.out / f"{stem}.png")
     _progress(f"wrote {stem}.csv, {stem}.json{f', {stem}.png' if plotted else ''} into {args.out}")
-    return 0 if all(math.isfinite(r.fused_ms) for r in results) else 1
+    return 0 if all(math.isfinite(r.fused_ms) and not r.check.startswith("FAIL") for r in results) else 1
 
 
 def _cpu_gathers() -> bool:

@@ -17,20 +17,11 @@ import time
 
 import torch
 
-from .numerics.glu import forward_rounded
-from .numerics.tolerances import (
-    GRAD_WEIGHT_RTOL,
-    norm_magnitude,
-    relative_error,
-    sum_magnitude,
-    unit_differences,
-    within_near_ties,
-)
 from .ops import api
 from .ops.api import swiglu_backward_mx_quant_dual_axis, swiglu_mx_quant_dual_axis
+from .ops.checks import compare_outputs
 from .ops.registry import backend_status, check_backend_name
 from .ops.table import EXAMPLE_CASES, PUBLIC
-from .ops.validate import mx_glu_params
 from .training.expert_mlp import MXFP8ExpertMLP, check_sizes, expert_mlp_reference
 
 #: What the demo compares: the output, the gradients of x, W1, W2 and the router (through the probabilities).
@@ -345,33 +336,6 @@ def demo(argv=None) -> int:
     return 0
 
 
-def _near_ties(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[str, bool]:
-    """Contract section 3: equal except at most 1 in 10,000 elements, each one unit (ulp / code) apart."""
-    got, want = got.cpu(), want.cpu()
-    return f"{name} {unit_differences(got, want)[0]} differ", within_near_ties(got, want)
-
-
-def _grad_weight_terms(values: dict) -> torch.Tensor | None:
-    """The size grad_weight's difference is measured at, per row: swiglu_group_grad's terms dy * y_origin
-    (:func:`sum_magnitude`), the MX backward's dy * act16 (:func:`norm_magnitude`, spec 7.1)."""
-    if values.get("y_origin") is not None:
-        return sum_magnitude(values["grad_y"], values["y_origin"]).cpu()
-    if "y_grad" in values:
-        glu = mx_glu_params(
-            values.get("activate_left", True), values.get("interleaved", False), values.get("limit"),
-            values.get("alpha"), values.get("bias"),
-        )  # fmt: skip
-        return norm_magnitude(values["y_grad"], forward_rounded(values["x"], glu)).cpu()
-    return None
-
-
-def _close(name: str, got: torch.Tensor, want: torch.Tensor, values: dict) -> tuple[str, bool]:
-    """fp32 results of a sum (grad_weight): within the contract's relative tolerance, measured at the
-    summed terms' size."""
-    rel = relative_error(got.cpu(), want.cpu(), _grad_weight_terms(values))
-    return f"{name} max rel {rel:.1e}", rel <= GRAD_WEIGHT_RTOL
-
-
 def verify(argv=None) -> int:
     """Check every operator of the table on every available backend against the reference, on random inputs
     with uneven groups (a quick install check)."""
@@ -397,17 +361,9 @@ def verify(argv=None) -> int:
         for dtype in (torch.bfloat16, torch.float16):
             values = op.example(torch.Generator().manual_seed(0), dtype, device, case)
             want = fn(**values, backend="reference")
-            want = want if isinstance(want, tuple) else (want,)
             for name in backends:
                 got = fn(**values, backend=name)
-                got = got if isinstance(got, tuple) else (got,)
-                checks = [
-                    _close(out.name, g, w, values)
-                    if out.name == "grad_weight"
-                    else _near_ties(out.name, g, w)
-                    for out, g, w in zip(op.returned(values), got, want, strict=True)
-                    if w is not None
-                ]
+                checks = compare_outputs(op, values, got, want)
                 good = all(c[1] for c in checks)
                 ok &= good
                 detail = ", ".join(c[0] for c in checks)

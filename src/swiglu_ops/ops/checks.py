@@ -1,0 +1,75 @@
+"""How a fast backend's results are judged against the reference backend's, per output of an operator of
+the table (contract section 3; the numbers live in :mod:`swiglu_ops.numerics.tolerances`).
+
+``swiglu-ops verify`` (every operator on small random calls) and ``swiglu-ops bench`` (every timed case, on
+its own inputs) both judge with :func:`compare_outputs`; the test suite's comparators read the same
+tolerances and also compare signs, zeros and NaN positions.
+
+- every output but ``grad_weight`` (codes, scales, 16-bit and fp32 results): equal bit for bit, except the
+  near ties (at most one element per started 10,000, each one unit of the raw bit pattern away);
+- ``grad_weight`` (an fp32 sum): within ``GRAD_WEIGHT_RTOL``, relative to the summed terms' size
+  (swiglu_group_grad's ``grad_y * y_origin``, the MX backward's ``y_grad * act16``, spec 7.1).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..numerics.glu import forward_rounded
+from ..numerics.tolerances import (
+    GRAD_WEIGHT_RTOL,
+    norm_magnitude,
+    relative_error,
+    sum_magnitude,
+    unit_differences,
+    within_near_ties,
+)
+from .table import OpDef
+from .validate import mx_glu_params
+
+__all__ = ["call_values", "compare_outputs"]
+
+
+def call_values(fn, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call of the public function ``fn`` by parameter name, defaults included."""
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _near_ties(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[str, bool]:
+    got, want = got.cpu(), want.cpu()
+    return f"{name} {unit_differences(got, want)[0]} differ", within_near_ties(got, want)
+
+
+def _grad_weight_terms(values: dict) -> torch.Tensor | None:
+    """The size grad_weight's difference is measured at, per row (module docstring)."""
+    if values.get("y_origin") is not None:
+        return sum_magnitude(values["grad_y"], values["y_origin"]).cpu()
+    if "y_grad" in values:
+        glu = mx_glu_params(
+            values.get("activate_left", True), values.get("interleaved", False), values.get("limit"),
+            values.get("alpha"), values.get("bias"),
+        )  # fmt: skip
+        return norm_magnitude(values["y_grad"], forward_rounded(values["x"], glu)).cpu()
+    return None
+
+
+def _close(name: str, got: torch.Tensor, want: torch.Tensor, values: dict) -> tuple[str, bool]:
+    rel = relative_error(got.cpu(), want.cpu(), _grad_weight_terms(values))
+    return f"{name} max rel {rel:.1e}", rel <= GRAD_WEIGHT_RTOL
+
+
+def compare_outputs(op: OpDef, values: dict, got, want) -> list[tuple[str, bool]]:
+    """One ``(what was found, within the contract)`` per output that the reference returned, for a call of
+    ``op`` with ``values`` (its public function's arguments by name) that gave ``got`` on a fast backend and
+    ``want`` on the reference."""
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    return [
+        _close(out.name, g, w, values) if out.name == "grad_weight" else _near_ties(out.name, g, w)
+        for out, g, w in zip(op.returned(values), got, want, strict=True)
+        if w is not None
+    ]
