@@ -241,6 +241,20 @@ def _ep_worker(rank: int, world: int) -> dict:
         swiglu_ops.dispatch_tokens(x, ends, -2)
     with pytest.raises(ValueError, match="local experts"):
         swiglu_ops.ExpertParallelMLP(swiglu_ops.MXFP8ExpertMLP(E, D, H), E)
+    # a DTensor x or group_ends (the expert MLP's rule: local tensors): a TypeError naming it, before any
+    # collective (a DTensor x used to fail inside the second all_to_all, a DTensor group_ends in .tolist())
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = init_device_mesh("cpu", (world,))
+    as_dtensor = lambda t: DTensor.from_local(t, mesh, [Replicate()], run_check=False)  # noqa: E731
+    for name, args in (("x", (as_dtensor(x), ends)), ("group_ends", (x, as_dtensor(ends)))):
+        with pytest.raises(TypeError, match=f"{name} is a DTensor"):
+            swiglu_ops.dispatch_tokens(*args, E)
+        with pytest.raises(TypeError, match=f"{name} is a DTensor"):
+            swiglu_ops.ExpertParallelMLP.from_module(full)(*args)
+    with pytest.raises(TypeError, match="y_local is a DTensor"):
+        swiglu_ops.combine_tokens(as_dtensor(x_local.float()), plan)
     return checks
 
 

@@ -447,7 +447,8 @@ def _clamped_swiglu_with_groups(mesh) -> str | None:
 
 
 def _expert_mlp_names_a_dtensor(mesh) -> str | None:
-    """mxfp8_expert_mlp computes on local tensors: a DTensor operand (probs too) is a TypeError naming it."""
+    """mxfp8_expert_mlp computes on local tensors: a DTensor operand (probs and group_ends too) is a TypeError
+    naming it (group_ends used to reach torch's grouped GEMM, which failed on mixed tensors)."""
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     import swiglu_ops
@@ -458,6 +459,8 @@ def _expert_mlp_names_a_dtensor(mesh) -> str | None:
     for name, args, kwargs in (
         ("x", (distribute_tensor(x, mesh, [Replicate()]), w1, w2, ends), {}),
         ("probs", (x, w1, w2, ends), dict(probs=distribute_tensor(probs, mesh, [Replicate()]))),
+        ("group_ends", (x, w1, w2, distribute_tensor(ends, mesh, [Replicate()])), {}),
+        ("group_ends", (x, w1, w2, distribute_tensor(ends, mesh, [Replicate()])), dict(quantize=False)),
     ):
         try:
             swiglu_ops.mxfp8_expert_mlp(*args, **kwargs)

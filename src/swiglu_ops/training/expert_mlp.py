@@ -506,7 +506,8 @@ def check_options(backend, gemm) -> None:
 
 
 def check_expert_ends(group_ends, num_experts: int) -> None:
-    """``group_ends``: int64/int32, 1-D, one cumulative token end per expert."""
+    """``group_ends``: int64/int32, 1-D, one cumulative token end per expert, a local tensor."""
+    check_local("group_ends", group_ends)
     if not isinstance(group_ends, torch.Tensor) or group_ends.dtype not in (torch.int64, torch.int32):
         raise TypeError("group_ends must be an int64 or int32 tensor of cumulative token ends")
     if group_ends.dim() != 1 or group_ends.numel() != num_experts:

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops.groups import counts_to_ends, ends_to_counts
-from .expert_mlp import MXFP8ExpertMLP, check_expert_ends
+from .expert_mlp import MXFP8ExpertMLP, check_expert_ends, check_local
 
 __all__ = [
     "DispatchPlan",
@@ -142,6 +142,7 @@ def dispatch_tokens(
     Host synchronisation: two reads, this rank's counts (the send splits, checked before any collective)
     and the received counts (the receive splits); nothing else waits for the device.
     """
+    check_local("x", x)  # before any collective: every rank raises, none waits
     world = dist.get_world_size(group)
     if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral):
         raise TypeError(f"num_experts must be an int, got {type(num_experts).__name__}")
@@ -176,6 +177,7 @@ def combine_tokens(y_local: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
     """The inverse movement of :func:`dispatch_tokens`: ``y_local`` (rows in the dispatched order) goes back
     to the ranks and positions its tokens came from; collective. Returns ``[T, ...]`` in the order of the
     ``x`` given to :func:`dispatch_tokens` (sorted by expert); differentiable with respect to ``y_local``."""
+    check_local("y_local", y_local)
     if y_local.shape[0] != plan.order.numel():
         raise ValueError(f"y_local has {y_local.shape[0]} rows, the plan dispatched {plan.order.numel()}")
     return _Exchange.apply(y_local, plan, _combine, _dispatch)
