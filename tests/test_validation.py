@@ -802,6 +802,32 @@ REJECTED = [
         TypeError,
         "torch.func transform",
     ),
+    # the autograd wrappers under torch.func.grad (torch refused their old-style autograd.Functions with a
+    # RuntimeError naming nothing before the operators' own check could run)
+    *(
+        (
+            f"{name} inside torch.func.grad",
+            lambda f=f: torch.func.grad(f)(ones(6, 64)),
+            TypeError,
+            "torch.func",
+        )
+        for name, f in (
+            ("clipped_swiglu", lambda z: swiglu_ops.clipped_swiglu(z, backend="reference").sum()),
+            ("ClippedSwiGLU", lambda z: swiglu_ops.ClippedSwiGLU(backend="reference")(z).sum()),
+            ("clamped_swiglu", lambda z: swiglu_ops.clamped_swiglu(z, backend="reference").sum()),
+            ("swiglu_mx_backward", lambda z: swiglu_ops.swiglu_mx_backward(z, backend="reference").sum()),
+            (
+                "mxfp8_expert_mlp probs",
+                lambda z: swiglu_ops.mxfp8_expert_mlp(
+                    ones(6, 32),
+                    ones(2, 32, 64),
+                    ones(2, 32, 32),
+                    torch.tensor([3, 6]),
+                    probs=z[:, 0].contiguous(),
+                ).sum(),
+            ),
+        )
+    ),
     (
         "mx backward wrapper: capture a dict",
         lambda: swiglu_ops.swiglu_mx_backward(ones(4, 64), capture={}),
@@ -1034,6 +1060,30 @@ def test_wrong_scalars_and_backends_inside_torch_compile(fullgraph):
             torch.compile(fn, fullgraph=fullgraph)(x)
         if not fullgraph:
             assert type(info.value) is error
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_wrong_tensors_inside_torch_compile_are_the_eager_error(fullgraph):
+    """Tensor arguments too: the operator's checks run on the traced tensors before the custom op, so the
+    error is the eager one (with fullgraph: Dynamo's error carrying it); the fake kernel's TypeError /
+    ValueError used to surface as Dynamo's TorchRuntimeError, a RuntimeError, with an ERROR log of the fake
+    call."""
+    x = torch.randn(8, 64)
+    cases = [
+        (
+            lambda x: swiglu_ops.clipped_swiglu(x.double()),
+            TypeError,
+            "x must be bfloat16, float16 or float32",
+        ),
+        (lambda x: swiglu_ops.swiglu_mx_quant_dual_axis(x, weight=x[:, 0].bfloat16()), TypeError, "weight"),
+        (lambda x: swiglu_ops.swiglu_backward_mx_quant_dual_axis(x[:, :48], x[:, :24]), ValueError, "64"),
+        (lambda x: swiglu_ops.swiglu_group_grad(x[:, :32], x, weight=x[:, 0]), ValueError, "y_origin"),
+    ]
+    for fn, error, match in cases:
+        torch._dynamo.reset()
+        with pytest.raises(error if not fullgraph else Exception, match=match) as info:
+            torch.compile(fn, fullgraph=fullgraph)(x)
+        assert not isinstance(info.value, torch._dynamo.exc.TorchRuntimeError)  # (fullgraph: Unsupported)
 
 
 def test_meta_and_fake_calls_check_the_backend():

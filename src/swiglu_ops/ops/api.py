@@ -67,7 +67,7 @@ def _via_custom_op(op: OpDef, values: dict, backend, out):
             "read through a pointer (fake, meta, a subclass such as DTensor, or a dispatch mode is active); "
             "call it without out="
         )
-    if not compiling and any(V.is_dtensor(values[n]) for n in op.tensor_params):
+    if compiling or any(V.is_dtensor(values[n]) for n in op.tensor_params):
         op.plan(**values)  # DTensor would wrap the fake kernel's TypeError / ValueError in a RuntimeError
     # detached as on the plain path: the operators are not differentiable (no output requires grad)
     args = {n: V.detached(v) for n, v in _schema_values(op, values).items()}

@@ -53,6 +53,21 @@ def dispatch_mode_active() -> bool:
     return torch._C._len_torch_dispatch_stack() > 0
 
 
+def check_untransformed(tensors: dict) -> None:
+    """TypeError for a tensor inside a torch.func transform (vmap, grad, jvp): the operators have no batching
+    or forward-mode rules, and the autograd wrappers (old-style ``autograd.Function``s, like torch's own
+    custom ones) none for functorch. Not while torch.compile traces (Dynamo cannot call the test; a
+    transform there is Dynamo's to refuse)."""
+    if torch.compiler.is_compiling():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+            raise TypeError(
+                f"{name} is a tensor inside a torch.func transform (vmap, grad, jvp): the operators have no "
+                "batching or forward-mode rules; pass the batch as leading dimensions and use autograd"
+            )
+
+
 def needs_dispatch(tensors: dict) -> bool:
     """Whether a call must go through the custom op (torch's dispatcher) instead of straight to a kernel:
     an input that is not plain (fake, meta, a subclass) or an active dispatch mode. Raises the ``TypeError``
@@ -63,11 +78,7 @@ def needs_dispatch(tensors: dict) -> bool:
             continue
         if t.layout != torch.strided or t.is_nested:
             raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
-        if torch._C._functorch.is_functorch_wrapped_tensor(t):
-            raise TypeError(
-                f"{name} is a tensor inside a torch.func transform (vmap, grad, jvp): the operators have no "
-                "batching or forward-mode rules; pass the batch as leading dimensions and use autograd"
-            )
+        check_untransformed({name: t})
         routed = routed or not is_plain(t)
     if routed:
         check_fake_mix(tensors)

@@ -49,12 +49,11 @@ import numbers
 
 import torch
 
-from ..numerics import glu as glu_math
 from ..numerics import mx
 from ..ops import api
 from ..ops import validate as V
 from ..ops.registry import check_backend_for, check_backend_name
-from . import layouts
+from . import eager_math, layouts
 from .autograd import no_double_backward
 
 mx_dequantize = api.mx_dequantize
@@ -65,7 +64,6 @@ __all__ = ["MXFP8ExpertMLP", "mxfp8_expert_mlp", "quantize_mx_rowwise", "expert_
 GEMMS = ("auto", "emulated", "scaled_grouped_mm", "scaled_mm")
 
 _FMT = mx.E4M3FN
-_RCEIL = 1
 _BF16 = torch.bfloat16
 _E8M0 = torch.float8_e8m0fnu
 #: ``(major, minor)`` of the running PyTorch.
@@ -74,19 +72,6 @@ _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm") and TORCH_VERSION >= (2, 9)  # C
 
 
 # ------------------------------------------------------------------------------------------ quantisers
-
-
-def _quantize_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`swiglu_ops.numerics.mx.quantize_blocks` for E4M3FN with RCEIL scales, its element cast done by
-    torch: ``(codes float8_e4m3fn, scale codes uint8)``. The scale rule is mx's; the product ``v * 2**(127 -
-    E)`` of a 16-bit ``v`` is exact in fp32 wherever it can round to a nonzero E4M3 value, and RCEIL keeps it
-    below 464, where torch's round-to-nearest-even cast needs no saturation: the same codes for every finite
-    block (tested). A NaN/inf block gets scale 0xFF as in mx (its elements differ; they decode to NaN)."""
-    amax = mx.amax_bits(blocks, dim)
-    codes = mx.scale_codes(amax, _FMT, _RCEIL)
-    recip = mx.scale_reciprocal(codes, amax, _RCEIL).unsqueeze(dim)
-    y = (blocks.float() * recip).to(torch.float8_e4m3fn)
-    return y, codes.to(torch.uint8)
 
 
 def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +83,7 @@ def quantize_mx_rowwise(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     whose K is their last dim once laid out ``[E, N, K]``. The codes are contiguous (row-major, as MX GEMMs
     read them)."""
     *lead, k = v.shape
-    codes, scales = _quantize_blocks(v.contiguous().view(*lead, k // mx.BLOCK, mx.BLOCK), -1)
+    codes, scales = eager_math.quantize_e4m3_blocks(v.contiguous().view(*lead, k // mx.BLOCK, mx.BLOCK), -1)
     return codes.reshape(v.shape), scales
 
 
@@ -132,7 +117,7 @@ def _quantize_token_axis(v: torch.Tensor, ends: torch.Tensor, blocks) -> tuple[t
     rows = mx.mxscale2_rows(m, ends.numel())
     dest = slot * mx.BLOCK + pos
     padded = v.new_zeros(2 * rows * mx.BLOCK, c).index_copy(0, dest, v)
-    codes, scales = _quantize_blocks(padded.view(2 * rows, mx.BLOCK, c), 1)
+    codes, scales = eager_math.quantize_e4m3_blocks(padded.view(2 * rows, mx.BLOCK, c), 1)
     y2 = codes.view(2 * rows * mx.BLOCK, c).index_select(0, dest)
     return y2, scales.view(rows, 2, c).transpose(1, 2).contiguous()
 
@@ -208,7 +193,9 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
     (``b [E, K, N]``) -> ``[T, N]``; or, with ``a [K, T]`` (tokens along its columns) and ``b [T, N]``, the
     per-group ``a[:, group] @ b[group]`` -> ``[E, K, N]`` (zeros for an empty group). ``offs``: int32 group
     ends. Operands are bf16, or fp32 holding bf16-exact values (dequantised MXFP8)."""
-    if torch.compiler.is_compiling():  # one opaque node
+    # one opaque node under torch.compile, and the same op's fake kernel for fake tensors (FakeTensorMode):
+    # the fp32 CPU computation would meet torch._grouped_mm's fake kernel, which takes bf16 only
+    if torch.compiler.is_compiling() or V.needs_dispatch({"a": a, "b": b, "offs": offs}):
         return torch.ops.swiglu_ops._expert_grouped_mm(a, b, offs)
     return _grouped_mm_impl(a, b, offs)
 
@@ -357,7 +344,7 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 capture.update(gemm=path, h=h, act=act, w2q=w2q)
         else:
             glu = V.mx_glu_params(True, interleaved, limit, alpha, bias)
-            act = glu_math.forward_rounded(h, glu, probs)  # the router's probabilities: the last fp32 op
+            act = eager_math.forward_rounded(h, glu, probs)  # the router's probabilities: the last fp32 op
             out = _grouped_mm(act, w2, offs)
             saved = (act,)
             if capture is not None:
@@ -388,12 +375,12 @@ class _ExpertMLPFunction(torch.autograd.Function):
                 dw2 = _grouped_mm(act.t(), dout, offs)
             if need_dh:
                 dact = _grouped_mm(dout, w2.transpose(-2, -1), offs)
-                dh = glu_math.backward_rounded(h, dact, glu, probs)
+                dh = eager_math.backward_rounded(h, dact, glu, probs)
                 dx = _grouped_mm(dh, w1.transpose(-2, -1), offs) if need_x else None
                 dw1 = _grouped_mm(x.t(), dh, offs) if need_w1 else None
                 db1 = _group_sums(dh, experts, w1.shape[0]) if need_b1 else None
                 if need_probs:  # dL/dprobs = sum_h dact * act16, act16 the unweighted activation (rounded)
-                    dprobs = glu_math.act16_product(dact, h, glu).sum(-1).view(probs.shape)
+                    dprobs = eager_math.act16_sums(dact, h, glu).view(probs.shape)
                 if ctx.capture is not None:
                     ctx.capture.update(dact=dact, dh=dh)
             if ctx.capture is not None:
@@ -573,6 +560,7 @@ def mxfp8_expert_mlp(
         ``[T, d]`` bf16. Differentiable with respect to x, w1, w2, b1, b2 and probs (never group_ends); no
         double backward.
     """
+    V.check_untransformed(dict(x=x, w1=w1, w2=w2, b1=b1, b2=b2, probs=probs))
     _check(x, w1, w2, group_ends, limit, alpha, bias, interleaved, quantize, backend, gemm, b1, b2)
     check_backend_for(backend, x)
     if capture is not None and not isinstance(capture, dict):

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..numerics import glu as glu_math
 from ..ops import api
 from ..ops import validate as V
 from ..ops.registry import check_backend_for, check_backend_name
 from ..ops.table import CLIPPED_SWIGLU
+from . import eager_math
 from .autograd import no_double_backward
 from .expert_mlp import MXFP8ExpertMLP, mxfp8_expert_mlp
 
@@ -144,6 +144,7 @@ def clamped_swiglu(x, weight=None, group_index=None, clamp_limit=0.0, *, backend
     gate gradient is 0 and at ``u == +-c`` the up gradient is 0 (the up gradient at ``g == c`` is
     ``dy * silu(c) * w``). ``weight.grad`` is the true ``sum_h dy * silu(g~) * u~`` (see ``backward``).
     """
+    V.check_untransformed({"x": x, "weight": weight})
     return _ClampedSwiGLUFunction.apply(x, weight, group_index, clamp_limit, backend)
 
 
@@ -288,6 +289,7 @@ class ClippedSwiGLU(torch.nn.Module):
         self.interleaved, self.clamp_mode, self.backend = interleaved, clamp_mode, backend
 
     def forward(self, x: torch.Tensor, group_index: torch.Tensor | None = None) -> torch.Tensor:
+        V.check_untransformed({"x": x})
         return ClippedSwigluFunction.apply(
             x, group_index, self.dim, self.alpha, self.limit, self.bias, self.interleaved, self.clamp_mode,
             self.backend,
@@ -316,6 +318,7 @@ def clipped_swiglu(
     backend="auto",
     out=None,
 ):
+    V.check_untransformed({"x": x})
     if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
         if out is not None:
             raise ValueError("out= cannot be used when x requires grad (autograd does not record it)")
@@ -377,7 +380,7 @@ class _SwiGLUMXFunction(torch.autograd.Function):
         ctx.options["backend"] = backend
         ctx.capture = capture
         # The activation whose gradient the operator's stage 1 computes, in fp32, rounded once.
-        return glu_math.forward_rounded(x, glu)
+        return eager_math.forward_rounded(x, glu)
 
     @staticmethod
     @no_double_backward
@@ -433,6 +436,7 @@ def swiglu_mx_backward(
             "error). Compile without capture, or keep the FP8 operands in the graph with "
             "swiglu_ops.MXFP8ExpertMLP"
         )
+    V.check_untransformed({"x": x})
     gpt_oss = (limit, alpha, bias, interleaved)
     return _SwiGLUMXFunction.apply(
         x, group_index, activate_left, scale_alg, dst_dtype, backend, capture, gpt_oss
