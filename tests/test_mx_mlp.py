@@ -480,17 +480,31 @@ def test_module_compiles_fullgraph_and_equals_eager(compile_backend, weights_dty
 def test_module_runs_on_fake_tensors(quantize):
     """Under FakeTensorMode (shape propagation, as tracers and memory planners do) forward and backward give
     the eager shapes and dtypes: the CPU GEMMs' fp32 computation used to meet torch._grouped_mm's fake
-    kernel, which takes bf16 only (a RuntimeError and an ERROR log)."""
+    kernel, which takes bf16 only (a RuntimeError and an ERROR log). Real calls before and after are
+    unchanged (the cached decode tables stay real: a fake call makes its own)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+    torch.manual_seed(0)
+    real = swiglu_ops.MXFP8ExpertMLP(2, 32, 32, quantize=quantize)
+    x, ends = torch.randn(6, 32), torch.tensor([3, 6])
+
+    def real_step():
+        xr = x.clone().requires_grad_()
+        out = real(xr, ends)
+        out.float().sum().backward()
+        return out, xr.grad
+
+    before = real_step()
     with FakeTensorMode():
         mod = swiglu_ops.MXFP8ExpertMLP(2, 32, 32, quantize=quantize)
-        x, probs = torch.empty(6, 32, requires_grad=True), torch.ones(6, requires_grad=True)
-        out = mod(x, torch.tensor([3, 6]), probs)
+        xf, probs = torch.empty(6, 32, requires_grad=True), torch.ones(6, requires_grad=True)
+        out = mod(xf, torch.tensor([3, 6]), probs)
         out.float().sum().backward()
     assert isinstance(out, FakeTensor) and out.shape == (6, 32) and out.dtype == BF16
-    assert x.grad.shape == x.shape and probs.grad.shape == probs.shape
+    assert xf.grad.shape == xf.shape and probs.grad.shape == probs.shape
     assert mod.w1.grad.shape == mod.w1.shape and mod.w2.grad.shape == mod.w2.shape
+    for a, b in zip(real_step(), before, strict=True):
+        assert not isinstance(a, FakeTensor) and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("variant", ["swiglu", "gpt_oss"])

@@ -21,6 +21,7 @@ import torch
 from ..numerics import glu as glu_math
 from ..numerics import mx
 from ..numerics.glu import GluParams
+from ..ops import validate as V
 
 __all__ = ["forward_rounded", "backward_rounded", "act16_sums", "quantize_e4m3_blocks"]
 
@@ -116,9 +117,15 @@ def _e4m3_blocks_fake(blocks, dim):
     )
 
 
+def _opaque(*tensors) -> bool:
+    """Whether to call the opaque op: while torch.compile traces, on tensors that are not DTensors (the ops
+    have no sharding rule; on DTensors the plain math runs through DTensor's own rules, as in eager)."""
+    return torch.compiler.is_compiling() and not any(V.is_dtensor(t) for t in tensors)
+
+
 def forward_rounded(x: torch.Tensor, glu: GluParams, weight: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`swiglu_ops.numerics.glu.forward_rounded` (one opaque op under torch.compile)."""
-    if torch.compiler.is_compiling():
+    if _opaque(x, weight):
         return torch.ops.swiglu_ops._glu_forward_rounded(x, weight, *_fields(glu))
     return glu_math.forward_rounded(x, glu, weight)
 
@@ -127,7 +134,7 @@ def backward_rounded(
     x: torch.Tensor, dy: torch.Tensor, glu: GluParams, weight: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`swiglu_ops.numerics.glu.backward_rounded` (one opaque op under torch.compile)."""
-    if torch.compiler.is_compiling():
+    if _opaque(x, dy, weight):
         return torch.ops.swiglu_ops._glu_backward_rounded(x, dy, weight, *_fields(glu))
     return glu_math.backward_rounded(x, dy, glu, weight)
 
@@ -135,7 +142,7 @@ def backward_rounded(
 def act16_sums(dy: torch.Tensor, x: torch.Tensor, glu: GluParams) -> torch.Tensor:
     """Per row, the sum over the hidden axis of :func:`swiglu_ops.numerics.glu.act16_product` (dL/dweight
     of the weighted forward; one opaque op under torch.compile)."""
-    if torch.compiler.is_compiling():
+    if _opaque(dy, x):
         return torch.ops.swiglu_ops._glu_act16_sums(dy, x, *_fields(glu))
     return _act16_sums(dy, x, glu)
 
@@ -143,6 +150,6 @@ def act16_sums(dy: torch.Tensor, x: torch.Tensor, glu: GluParams) -> torch.Tenso
 def quantize_e4m3_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_e4m3_blocks` (one opaque op under torch.compile: the 16-bit values are quantised as stored,
     not as the fp32 values a fused cast came from)."""
-    if torch.compiler.is_compiling():
+    if _opaque(blocks):
         return torch.ops.swiglu_ops._mx_e4m3_blocks(blocks, dim)
     return _e4m3_blocks(blocks, dim)

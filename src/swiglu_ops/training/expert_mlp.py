@@ -124,8 +124,10 @@ def _quantize_token_axis(v: torch.Tensor, ends: torch.Tensor, blocks) -> tuple[t
 
 def _table(cached, *args) -> torch.Tensor:
     """A decode table of :mod:`swiglu_ops.numerics.mx` (cached per dtype and device); traced uncached under
-    torch.compile (Dynamo ignores the cache and warns about it)."""
-    return (cached.__wrapped__ if torch.compiler.is_compiling() else cached)(*args)
+    torch.compile (Dynamo ignores the cache and warns about it), and made afresh under a dispatch mode such
+    as FakeTensorMode (a real cached table cannot meet fake indices, and a fake one must not be cached)."""
+    fresh = torch.compiler.is_compiling() or V.dispatch_mode_active()
+    return (cached.__wrapped__ if fresh else cached)(*args)
 
 
 def _values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
