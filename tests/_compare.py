@@ -8,7 +8,7 @@
   * grad_weight within 1e-5 relative (:func:`assert_relative`).
 - Two results cancel, and there "relative to the result" is unattainable for a legitimately different
   ``exp`` or summation order, so given the inputs the bound is taken relative to the size of the cancelling
-  terms instead: silu' = s + f - f*s near g = -1.28 (:func:`silu_prime_magnitude`) and a grad_weight row
+  terms instead: silu' = s + f - f*s near g = -1.28 (:func:`group_grad_terms`) and a grad_weight row
   sum near zero (:func:`sum_magnitude`).
 - Everywhere: shapes and dtypes equal, NaN positions equal, zeros equal including their sign, every element
   of every output checked (never a reduction).
@@ -22,6 +22,7 @@ from swiglu_ops.numerics.tolerances import (  # noqa: F401 (sum_magnitude: the t
     FP32_ULPS,
     GRAD_WEIGHT_RTOL,
     allowed_near_ties,
+    group_grad_terms,
     relative_scale,
     sum_magnitude,
 )
@@ -113,7 +114,7 @@ def assert_within_ulp(
     """Every element within ``ulps`` units in the last place (same sign); zeros and infinities exact.
 
     ``magnitude`` (optional, per element) measures the ulp at ``max(|expected|, magnitude)`` instead: the
-    size of the terms a result cancelled from (see :func:`silu_prime_magnitude`).
+    size of the terms a result cancelled from (see :func:`group_grad_terms`).
     """
     _check_meta(actual, expected, name)
     keep = _check_nans(actual, expected, name)
@@ -204,36 +205,16 @@ def assert_matches_reference(
         assert_near_ties(actual, expected, name)
 
 
-def silu_prime_magnitude(dy, x, weight=None, clamp: float = 0.0) -> torch.Tensor:
-    """Per grad_x element, the size of the fp32 terms it is computed from (float64).
-
-    The gate gradient is dy * (s + f - f*s) * u * w. Near silu'(g) = 0 (g = -1.2785) the three terms cancel,
-    so an ``exp`` one ulp away moves the result by an ulp of the *terms*, i.e. many ulps of the result. The
-    4-ulp fp32 bound of the contract can only hold at the terms' magnitude,
-    ``|dy u~ w| * (s + |f| + |f s|)``; the up gradient dy * f * w has no cancellation (``|dy f w|``).
-    """
-    g, u = x.double().chunk(2, dim=-1)
-    if clamp > 0:
-        g, u = g.clamp(max=clamp), u.clamp(-clamp, clamp)
-    s = torch.sigmoid(g)
-    f = torch.nan_to_num(g * s)
-    dyw = dy.double().abs()
-    if weight is not None:
-        dyw = dyw * weight.double().abs().reshape(*dy.shape[:-1], 1)
-    terms = torch.cat([dyw * u.abs() * (s + f.abs() + (f * s).abs()), dyw * f.abs()], dim=-1)
-    return torch.nan_to_num(terms, nan=0.0, posinf=0.0)
-
-
 def assert_group_grad_matches(actual, expected, backend: str, inputs=None) -> None:
     """``(grad_x, grad_weight)`` of ``backend`` against the expected pair (grad_weight may be None).
 
     ``inputs = (dy, x, weight, y_origin, clamp)`` measures the fp32 grad_x bound at
-    :func:`silu_prime_magnitude` and the grad_weight bound at :func:`sum_magnitude`; without it (exact
+    :func:`group_grad_terms` and the grad_weight bound at :func:`sum_magnitude`; without it (exact
     golden values, no cancellation) the plain bounds apply.
     """
     grad_x, grad_weight = actual
     dy, x, weight, y_origin, clamp = inputs if inputs is not None else (None,) * 5
-    magnitude = None if inputs is None else silu_prime_magnitude(dy, x, weight, clamp)
+    magnitude = None if inputs is None else group_grad_terms(dy, x, weight, clamp)
     assert_matches_reference(grad_x, expected[0], backend, "grad_x", magnitude=magnitude)
     if expected[1] is None:
         assert grad_weight is None, "grad_weight must be None without weight"

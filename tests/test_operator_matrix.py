@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _compare import assert_bitwise_equal, assert_matches_reference, silu_prime_magnitude, sum_magnitude
+from _compare import assert_bitwise_equal, assert_matches_reference, group_grad_terms, sum_magnitude
 from _fwd_oracles import unpacked
-from test_clipped_swiglu import float64_backward
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import swiglu_ops
-from swiglu_ops.numerics.glu import forward_rounded
-from swiglu_ops.numerics.tolerances import norm_magnitude
+from swiglu_ops.numerics.glu import GluParams, forward_rounded
+from swiglu_ops.numerics.tolerances import clipped_grad_terms, norm_magnitude
 from swiglu_ops.ops import api
 from swiglu_ops.ops.table import EXAMPLE_CASES, PUBLIC
 from swiglu_ops.ops.validate import mx_glu_params
@@ -66,13 +65,13 @@ def _magnitude(name, output, values, want):
         return norm_magnitude(values["y_grad"], forward_rounded(values["x"], glu)).view(want.shape)
     if name == "swiglu_group_grad":
         clamp = values.get("clamp_limit", 0.0)
-        return silu_prime_magnitude(values["grad_y"], values["x"], values.get("weight"), clamp)
+        return group_grad_terms(values["grad_y"], values["x"], values.get("weight"), clamp)
     if name == "clipped_swiglu_grad":
-        x, dy = values["x"], values["grad_y"]
-        pre = x[..., 0].numel() if values.get("dim", -1) in (-1, x.dim() - 1) else x.shape[0]
         kw = {k: values[k] for k in ("alpha", "limit", "bias", "interleaved") if k in values}
-        _, magnitude, _ = float64_backward(dy.reshape(pre, -1), x.reshape(pre, -1), **kw)
-        return magnitude.float().reshape(x.shape)
+        glu = GluParams(
+            clipped=True, **{"alpha": 1.702, "limit": 7.0, "bias": 1.0, "interleaved": True, **kw}
+        )
+        return clipped_grad_terms(values["grad_y"], values["x"], glu, values.get("dim", -1))
     return None
 
 

@@ -358,7 +358,7 @@ def verify(argv=None) -> int:
     ok = True
     for op, case in ((op, case) for op in PUBLIC for case in range(EXAMPLE_CASES)):
         fn = getattr(api, op.name)
-        for dtype in (torch.bfloat16, torch.float16):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
             values = op.example(torch.Generator().manual_seed(0), dtype, device, case)
             want = fn(**values, backend="reference")
             for name in backends:

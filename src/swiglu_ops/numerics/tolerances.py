@@ -70,3 +70,72 @@ def within_near_ties(got: torch.Tensor, want: torch.Tensor) -> bool:
     """The near-tie rule on raw bit patterns: few enough differences, each one unit."""
     count, worst = unit_differences(got, want)
     return count <= allowed_near_ties(want.numel()) and worst <= 1
+
+
+def _columns(values, x: torch.Tensor, cols) -> torch.Tensor:
+    """Two halves' float64 values put back at their columns of ``x`` (``cols``: their column slices)."""
+    out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
+    for v, c in zip(values, cols, strict=True):
+        out[..., c] = v
+    return torch.nan_to_num(out, nan=0.0, posinf=0.0)
+
+
+def group_grad_terms(dy: torch.Tensor, x: torch.Tensor, weight=None, clamp: float = 0.0) -> torch.Tensor:
+    """Per ``swiglu_group_grad`` grad_x element (float64, x's shape), the size of the fp32 terms it is
+    computed from: the gate gradient ``dy * (s + f - f*s) * u * w`` cancels near silu'(g) = 0 (g = -1.2785),
+    so an ``exp`` one ulp away moves it by an ulp of the *terms*, many ulps of the result; the 4-ulp bound
+    holds at ``|dy u~ w| * (s + |f| + |f s|)``. The up gradient ``dy * f * w`` does not cancel
+    (``|dy f w|``)."""
+    h = x.shape[-1] // 2
+    g, u = x[..., :h].double(), x[..., h:].double()
+    if clamp > 0:
+        g, u = g.clamp(max=clamp), u.clamp(-clamp, clamp)
+    s = torch.sigmoid(g)
+    f = torch.nan_to_num(g * s)
+    dyw = dy.double().abs()
+    if weight is not None:
+        dyw = dyw * weight.double().abs().reshape(*dy.shape[:-1], 1)
+    return _columns(
+        (dyw * u.abs() * (s + f.abs() + (f * s).abs()), dyw * f.abs()), x, (slice(0, h), slice(h, None))
+    )
+
+
+def clipped_grad_terms(dy: torch.Tensor, x: torch.Tensor, glu, dim: int = -1) -> torch.Tensor:
+    """Per ``clipped_swiglu_grad`` grad_x element (float64, x's shape; the halves along ``dim``), the size of
+    the terms it is computed from. The gate gradient ``dy (B~ + bias) s (1 + alpha A~ (1 - s))`` cancels
+    twice: ``1 - s`` (computed as ``s * -1 + 1``) for large A~, where s nears 1 and its ulp becomes a large
+    part of ``1 - s``, and ``1 + alpha A~ (1 - s)`` where the product nears -1; so its bound is measured at
+    ``|dy (B~ + bias) s| (1 + |alpha A~| (1 + s))`` (clamp_mode 1: with B~, alpha 1 and the unclamped A). The
+    up gradient does not cancel."""
+    from .glu import split_columns  # (glu imports nothing from here; kept local to stay a leaf module)
+
+    x, dy = x.movedim(dim, -1), dy.movedim(dim, -1)
+    a_cols, b_cols = split_columns(x.shape[-1], glu)
+    a, b, dy = x[..., a_cols].double(), x[..., b_cols].double(), dy.double()
+    bt = b.clamp(-glu.limit, glu.limit)
+    if glu.clamp_mode == 0:
+        at = a.clamp(max=glu.limit)
+        s = torch.sigmoid(glu.alpha * at)
+        mag_a = (dy * (bt + glu.bias) * s).abs() * (1 + (glu.alpha * at).abs() * (1 + s))
+        mag_b = (dy * at * s).abs()
+    else:
+        s = torch.sigmoid(a)
+        mag_a = (dy * bt * s).abs() * (1 + a.abs() * (1 + s))
+        mag_b = (dy * (a * s).clamp(max=glu.limit)).abs()
+    return _columns((mag_a, mag_b), x, (a_cols, b_cols)).movedim(-1, dim)
+
+
+def ulp_differences(
+    got: torch.Tensor, want: torch.Tensor, magnitude: torch.Tensor | None = None
+) -> tuple[int, float]:
+    """(elements further than ``FP32_ULPS`` from ``want``, the largest distance in ulps) of two fp32 tensors:
+    NaN against NaN counts 0, zeros and infinities must be equal (signs included), other values of
+    the same sign are measured in ulps of ``max(|want|, magnitude)`` (``magnitude``: the size of the terms a
+    result cancels from, :func:`group_grad_terms`, :func:`clipped_grad_terms`; without it, of ``|want|``)."""
+    g, w = got.double(), want.double()
+    scale = w.abs() if magnitude is None else torch.maximum(w.abs(), magnitude.to(w.device).reshape(w.shape))
+    ulps = (g - w).abs() / (scale * torch.finfo(torch.float32).eps).clamp_min(2.0**-149)
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (g.isnan() & w.isnan())
+    special = (g == 0) | (w == 0) | g.isinf() | w.isinf() | g.isnan() | w.isnan() | (g.sign() != w.sign())
+    ulps = torch.where(same, 0.0, torch.where(special, torch.inf, ulps))
+    return int((ulps > FP32_ULPS).sum()), float(ulps.max()) if ulps.numel() else 0.0
