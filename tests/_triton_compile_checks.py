@@ -177,7 +177,7 @@ def _mx_fwd_specs():
                "A_INDEX": "constexpr", "PAD_SELECT": "constexpr", "PLAIN_LOADS": "constexpr",
                **dict.fromkeys(("GROUPED", "BLOCK_N", "GROUP_CHUNK", "INTERLEAVED", "CLIPPED", "MODE", "FP4",
                                 "E5M2", "SCALE_ALG", "ROUND", "TRANSPOSE_Y2", "WIDE", "HW_CVT", "HAS_WEIGHT",
-                                "ROW_VEC"), "constexpr")}  # fmt: skip
+                                "ROW_VEC", "SMALL_NUM"), "constexpr")}  # fmt: skip
         fp4 = fmt == "e2m1"
         variant = f",{fmt}" + (f",round={mode}" if fp4 else "" if scale_alg else ",floor")
         variant += (",interleaved" if inter else "") + (",clipped" if clipped else "")
@@ -189,6 +189,8 @@ def _mx_fwd_specs():
             cases.append((False, False))
         if dt == "bf16" and grouped and variant == ",e4m3":  # HW_CVT unaligned: codes selected per element
             cases.append((False, True))
+        if dt == "fp32" and grouped and variant == ",e4m3":  # HW_CVT, the quotient's SMALL_NUM form
+            cases.append((True, True))
         cases = [(aligned, hw, False) for aligned, hw in cases]
         # The routing weight (HAS_WEIGHT) in bf16: the grouped E4M3 plain GLU (also HW_CVT, and unaligned: the
         # masked loads' weight and column select) and the grouped GPT-OSS GLU.
@@ -210,7 +212,9 @@ def _mx_fwd_specs():
                           FP4=fp4, E5M2=fmt == "e5m2",
                           SCALE_ALG=scale_alg, ROUND=_kernels.ROUND_MODES[mode], TRANSPOSE_Y2=transpose,
                           WIDE=False, HW_CVT=hw, HAS_WEIGHT=weighted,
-                          ROW_VEC=backend.row_vec(16 if aligned else 1, aligned, hw))  # fmt: skip
+                          ROW_VEC=backend.row_vec(16 if aligned else 1, aligned, hw),
+                          # the launcher's small_numerators: fp32 inputs (the specs' clipped limit is 7)
+                          SMALL_NUM=hw and dt == "fp32")  # fmt: skip
             # FP4 codes have no hardware conversion; the forward's quotient is the approximate one.
             expect = {"approx_quotient"} | ({"cvt_bf16"} if dt == "bf16" else set())
             expect |= set() if fp4 else {"cvt_fp8"}
@@ -266,6 +270,8 @@ def spec_consts(name: str, hw_cvt: bool | None = None) -> dict:
     if hw_cvt is None:
         return consts
     consts = {**consts, "HW_CVT": hw_cvt}
+    if name.startswith("mx_quant"):  # the launcher's quotient form (fp32 inputs; the specs' limit is 7)
+        consts["SMALL_NUM"] = hw_cvt and name.startswith("mx_quant[fp32")
     if name.startswith(("mx_quant", "bwd_mx_quant")):  # the launcher's tile
         backward, aligned = name.startswith("bwd_"), ",unaligned" not in name
         consts["ROW_VEC"] = backend.row_vec(

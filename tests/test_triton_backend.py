@@ -897,6 +897,36 @@ def test_hw_path_gives_the_default_bytes(monkeypatch):
             _equal_bits_nan_payloads_aside(g, w, f"{name} output {k}")
 
 
+@pytest.mark.parametrize("dst", [torch.float8_e4m3fn, torch.float4_e2m1fn_x2])
+def test_hw_path_quotient_of_fp32_subnormal_numerators(monkeypatch, dst):
+    """The opt-in path's approximate quotient scaled its numerator by 1/4, which is not exact for an fp32
+    subnormal (fp32 inputs whose activated half holds subnormals): silu(2j * 2**-149) = j * 2**-149 came out
+    as 2 RN(j / 2) * 2**-149, so every odd j gave the code of its even neighbour (or 0 for j = 1).
+    Such numerators now scale the reciprocal instead; the codes are the default path's (near-tie rule)."""
+    from _fwd_oracles import assert_forward_matches
+
+    from swiglu_ops.numerics.glu import GluParams
+
+    gen = torch.Generator().manual_seed(5)
+    rows, half = 8, 64
+    j = torch.randint(0, 8, (rows, half), generator=gen) * 2 + 1  # odd, 1..15
+    sign = torch.where(torch.rand(rows, half, generator=gen) < 0.5, -1.0, 1.0)
+    a = (2 * j).double().mul(2.0**-149).float() * sign  # fp32 subnormal gates; silu(a) = a / 2 = j * 2**-149
+    b = torch.full((rows, half), 2.0**120)  # the products j * 2**-29: exact FP8/FP4 values of their blocks
+    x = torch.cat([a, b], 1).to(DEVICE)
+    assert (a.abs() < 2.0**-126).all() and torch.equal(a.double().abs() / 2 * 2.0**149, j.double())
+    # the launcher asks for the quotient's form for such numerators: fp32 inputs, or a subnormal clipped limit
+    gpt_oss = dict(interleaved=True, clipped=True, alpha=1.702, bias=1.0)
+    assert triton_backend.small_numerators(SWIGLU, torch.float32, True)
+    assert triton_backend.small_numerators(GluParams(**gpt_oss, limit=2.0**-120), torch.bfloat16, True)
+    assert not triton_backend.small_numerators(GluParams(**gpt_oss, limit=7.0), torch.bfloat16, True)
+    assert not triton_backend.small_numerators(SWIGLU, torch.float32, False)
+    want = [t.cpu() for t in swiglu_ops.swiglu_mx_quant_dual_axis(x, dst_dtype=dst, backend="triton")]
+    monkeypatch.setattr(triton_backend, "HW_CONVERSIONS", True)
+    got = [t.cpu() for t in swiglu_ops.swiglu_mx_quant_dual_axis(x, dst_dtype=dst, backend="triton")]
+    assert_forward_matches(got, want, "triton", dst)
+
+
 @pytest.mark.parametrize(
     ("gate", "glu", "den_key"),
     [

@@ -192,6 +192,15 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
 # -------------------------------------------------------------------- clipped_swiglu (+ its gradient)
 
 
+def small_numerators(glu, dtype: torch.dtype, hw_cvt: bool) -> bool:
+    """Whether the MX forward's approximate quotient (the ``HW_CVT`` path) may meet fp32-subnormal numerators,
+    where its quarter-scaled numerator is inexact and the kernel needs the form that scales the reciprocal
+    instead (constexpr ``SMALL_NUM``, three more instructions per element): fp32 inputs (widened bf16/fp16
+    values, subnormals included, stay exact under the quarter), or a clipped SwiGLU whose ``limit`` (A~'s
+    upper bound, a numerator) lies below 2**-100."""
+    return hw_cvt and (dtype == torch.float32 or (glu.clipped and glu.limit < 2.0**-100))
+
+
 def den_key(glu) -> bool:
     """Whether the clamp_mode-0 backward's fast reciprocal is keyed by its operand alone (constexpr
     ``DEN_KEY``, one instruction per pair less; ``_kernels._glu_bwd``): where L is finite in fp32 (A~ =
@@ -358,6 +367,8 @@ def _mx_common(
     )  # fmt: skip
     if backward:
         consts["DEN_KEY"] = den_key(glu)
+    else:
+        consts["SMALL_NUM"] = small_numerators(glu, x.dtype, _hw_cvt())
     grid = (batch * blocks, triton.cdiv(n_tiles, per_program))
     if grid[1] > MAX_GRID_Y:  # CUDA's limit of grid axis 1: rows of about 2**24 pairs or more
         raise ValueError(

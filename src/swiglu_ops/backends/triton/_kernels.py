@@ -336,25 +336,48 @@ def _sigmoid(v, FAST: tl.constexpr):
 # (tests/test_mx_forward.py holds the rule under these error bounds). The quarter scaling keeps every
 # operand in range: (e + 1) / 4 is at least 1/4 and below 2**126 for every finite e (the reciprocal stays
 # normal, where ftz would flush 1/d for d >= 2**126), n / 4 times a reciprocal of at most 4 cannot
-# overflow, and both scalings are exact (n / 4 for every widened bf16/fp16 value; (e + 1) / 4 with one
-# rounding by the fma is RN(e + 1) / 4). inf / NaN: e = inf gives 1/d = 0 (n * 0 = +-0, or NaN for an
-# infinite n, as the division), a NaN operand a NaN.
+# overflow, and (e + 1) / 4 with one rounding by the fma is RN(e + 1) / 4. n / 4 is exact from |n| = 2**-100
+# up (every widened bf16/fp16 value too); below, for fp32 subnormal numerators (fp32 inputs, or a clipped
+# ``limit`` under 2**-100: the launcher's ``small_numerators``), it is not, and the ``SMALL`` form lets the
+# reciprocal take the quarter instead, n * (r / 4): r / 4 is exact unless it is subnormal (d > 2**126),
+# where the quotient of so small an n rounds to +-0 either way. inf / NaN: e = inf gives 1/d = 0 (n * 0 =
+# +-0, or NaN for an infinite n, as the division), a NaN operand a NaN (|NaN| < 2**-100 is false).
 _QUOTIENT_APPROX = tl.constexpr("""{ .reg .f32 d, r, n;
 fma.rn.f32 d, $2, 0f3E800000, 0f3E800000;
 rcp.approx.ftz.f32 r, d;
 mul.rn.f32 n, $1, 0f3E800000;
 mul.rn.f32 $0, n, r;
 }""")
+# The same where numerators may be fp32 subnormals (constexpr ``SMALL``): below |n| = 2**-100 the reciprocal
+# takes the quarter instead (one compare, two predicated multiplies: 2 SASS instructions more).
+_QUOTIENT_APPROX_SMALL = tl.constexpr("""{ .reg .f32 d, r, n, t; .reg .pred p;
+fma.rn.f32 d, $2, 0f3E800000, 0f3E800000;
+rcp.approx.ftz.f32 r, d;
+abs.f32 t, $1;
+setp.lt.f32 p, t, 0f0D800000;
+mov.f32 n, $1;
+@!p mul.rn.f32 n, n, 0f3E800000;
+@p mul.rn.f32 r, r, 0f3E800000;
+mul.rn.f32 $0, n, r;
+}""")
 
 
 @triton.jit
-def _quotient(n, x, APPROX: tl.constexpr):
-    """``n / (exp(x) + 1)``: ``div.rn``, or with ``APPROX`` the quarter-scaled approximate reciprocal above
-    (in the interpreter, which has no inline asm, the same formulation with a correctly rounded
-    reciprocal, so that its scalings and special values run in CI)."""
+def _quotient(n, x, APPROX: tl.constexpr, SMALL: tl.constexpr = False):
+    """``n / (exp(x) + 1)``: ``div.rn``, or with ``APPROX`` the quarter-scaled approximate reciprocal above,
+    with ``SMALL`` its form for numerators that may be fp32 subnormals (in the interpreter, which has no
+    inline asm, the same formulations with a correctly rounded reciprocal, so that their scalings and
+    special values run in CI)."""
     e = _exp(x, APPROX)
     if APPROX and _INTERPRETED:
-        return (n * 0.25) * tl.math.div_rn(1.0, (e + 1.0) * 0.25)
+        r = tl.math.div_rn(1.0, (e + 1.0) * 0.25)
+        if SMALL:
+            return tl.where(tl.abs(n) < 7.888609052210118e-31, n * (r * 0.25), (n * 0.25) * r)  # 2**-100
+        return (n * 0.25) * r
+    elif APPROX and SMALL:
+        return tl.inline_asm_elementwise(
+            _QUOTIENT_APPROX_SMALL, "=r,r,r", [n, e], dtype=tl.float32, is_pure=True, pack=1
+        )
     elif APPROX:
         return tl.inline_asm_elementwise(
             _QUOTIENT_APPROX, "=r,r,r", [n, e], dtype=tl.float32, is_pure=True, pack=1
@@ -364,13 +387,16 @@ def _quotient(n, x, APPROX: tl.constexpr):
 
 
 @triton.jit
-def _silu(a, APPROX: tl.constexpr):
+def _silu(a, APPROX: tl.constexpr, SMALL: tl.constexpr = False):
     """SiLU in the forward operators' order, ``a / (exp(a * -1) + 1)`` (a division, no sigmoid formed)."""
-    return _quotient(a, a * -1.0, APPROX)
+    return _quotient(a, a * -1.0, APPROX, SMALL)
 
 
 @triton.jit
-def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, APPROX: tl.constexpr):
+def _glu_fwd(
+    a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr, APPROX: tl.constexpr,
+    SMALL: tl.constexpr = False,
+):  # fmt: skip
     """The forward's fp32 result from the widened halves (``reference.glu.forward``):
 
     - plain SwiGLU (SwigluMxQuantWithDualAxis 2.2): ``(a / (exp(a * -1) + 1)) * b``;
@@ -386,12 +412,12 @@ def _glu_fwd(a, b, alpha, limit, bias, CLIPPED: tl.constexpr, MODE: tl.constexpr
     reference on top of the ``exp``'s.
     """
     if not CLIPPED:
-        y = _silu(a, APPROX) * b
+        y = _silu(a, APPROX, SMALL) * b
     elif MODE == 0:
         at = _min_nan(a, limit)
-        y = _quotient(at, at * -alpha, APPROX) * (_clip(b, limit) + bias)
+        y = _quotient(at, at * -alpha, APPROX, SMALL) * (_clip(b, limit) + bias)
     else:
-        y = _min_nan(_silu(a, APPROX), limit) * _clip(b, limit)
+        y = _min_nan(_silu(a, APPROX, SMALL), limit) * _clip(b, limit)
     return y
 
 
@@ -1443,7 +1469,7 @@ def _mx_fwd_tile(
     BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, CLIPPED: tl.constexpr, MODE: tl.constexpr,
     FP4: tl.constexpr, E5M2: tl.constexpr, SCALE_ALG: tl.constexpr, ROUND: tl.constexpr,
     TRANSPOSE_Y2: tl.constexpr, PAD_SELECT: tl.constexpr, PLAIN_LOADS: tl.constexpr, HW_CVT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, ROW_VEC: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROW_VEC: tl.constexpr, SMALL_NUM: tl.constexpr,
 ):  # fmt: skip
     """One tile (32 rows x BLOCK_N output columns) of the forward. ``PLAIN_LOADS`` (N a multiple of 32,
     16-byte aligned tensors): loads without predicates, whose rows past the block's ``last`` row and blocks
@@ -1475,7 +1501,8 @@ def _mx_fwd_tile(
         rows = None if PLAIN_LOADS else live
         pad = b_pad
     a, b = _load_pairs(xb, xr * (2 * n), jb, rows, n, n, a_index, pad, MX_BLOCK, INTERLEAVED, VEC)
-    act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT)  # APPROX: the codes' GPU path
+    # APPROX: the codes' GPU path (SMALL_NUM: numerators that may be fp32 subnormals, the launcher's call)
+    act = _glu_fwd(a, b, alpha, limit, glu_bias, CLIPPED, MODE, HW_CVT, SMALL_NUM)
     keep = (ob * MX_BLOCK + _block_cols(MX_BLOCK, VEC) < n) & (not dead) if PAD_SELECT else None
     if HAS_WEIGHT:
         if PAD_SELECT or PLAIN_LOADS:  # the rows loaded (copies past the last row): their own weights
@@ -1500,6 +1527,7 @@ def swiglu_mx_quant_kernel(
     CLIPPED: tl.constexpr, MODE: tl.constexpr, FP4: tl.constexpr, E5M2: tl.constexpr,
     SCALE_ALG: tl.constexpr, ROUND: tl.constexpr, TRANSPOSE_Y2: tl.constexpr, WIDE: tl.constexpr,
     HW_CVT: tl.constexpr, HAS_WEIGHT: tl.constexpr = False, ROW_VEC: tl.constexpr = False,
+    SMALL_NUM: tl.constexpr = False,
 ):  # fmt: skip
     """One 32-row block of one batch slice of the forward operator, ``tiles_per_program`` tiles of
     ``BLOCK_N`` output columns (= pairs) from tile ``tiles_per_program * program_id(1)`` on (of ``n_tiles``).
@@ -1532,7 +1560,7 @@ def swiglu_mx_quant_kernel(
             xb, wb, y1b, s1b, y2b, s2b, tile, rl, rows_ok, live, last, dead, s2_cols,
             m, n, s1_slots, A_INDEX, alpha, limit, glu_bias, b_pad_bits, inv_max, emax, mbits,
             BLOCK_N, INTERLEAVED, CLIPPED, MODE, FP4, E5M2, SCALE_ALG, ROUND, TRANSPOSE_Y2, PAD_SELECT,
-            PLAIN_LOADS, HW_CVT, HAS_WEIGHT, ROW_VEC,
+            PLAIN_LOADS, HW_CVT, HAS_WEIGHT, ROW_VEC, SMALL_NUM,
         )  # fmt: skip
 
 
