@@ -30,6 +30,7 @@ import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import GptOssConfig, GptOssForCausalLM, GptOssModel
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
@@ -235,6 +236,40 @@ def test_unpatch_restores_hugging_face_bit_for_bit():
     assert _same_step(training_step(model), plain)
     patch_gpt_oss(model, backend="cpu")  # and again
     assert _same_step(training_step(model), patched)
+
+
+def test_unpatch_restores_what_the_instance_held():
+    """An ``_apply_gate`` set on the instance (here HF's formula in fp32, rounded once: the same function, so
+    the patch accepts it) and a ``_swiglu_ops_backend`` set before the patch come back with unpatch (both
+    used to be deleted: the module then ran the class's bf16 formula, another result); a non-module is a
+    TypeError naming ``model``."""
+    torch.manual_seed(0)
+    model = hf_in_fp32_rounded_once(tiny_model())
+    experts = [m for m in model.modules() if isinstance(m, GptOssExperts)]
+    overrides = [e.__dict__["_apply_gate"] for e in experts]
+    for e in experts:
+        e._swiglu_ops_backend = "reference"
+    before = training_step(model)
+    patch_gpt_oss(model, backend="cpu")
+    assert all(is_patched(e) and e._swiglu_ops_backend == "cpu" for e in experts)
+    unpatch_gpt_oss(model)
+    assert [e.__dict__["_apply_gate"] for e in experts] == overrides
+    assert all(e._swiglu_ops_backend == "reference" for e in experts)
+    assert _same_step(training_step(model), before)
+    for fn in (patch_gpt_oss, unpatch_gpt_oss):
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+            fn("model")
+
+
+def test_patch_refuses_an_instance_override_with_another_activation():
+    """The probe checks the ``_apply_gate`` the module runs, an instance override included (the class's was
+    checked, and the override silently replaced by the fused GPT-OSS activation)."""
+    model = tiny_model()
+    experts = next(m for m in model.modules() if isinstance(m, GptOssExperts))
+    experts._apply_gate = types.MethodType(lambda self, gu: F.gelu(gu[..., ::2]) * gu[..., 1::2], experts)
+    with pytest.raises(RuntimeError, match="does not compute the GPT-OSS clipped SwiGLU"):
+        patch_gpt_oss(model)
+    assert not any(is_patched(m) for m in model.modules())
 
 
 def test_patch_refuses_a_different_activation(monkeypatch):

@@ -266,6 +266,27 @@ def test_the_activation_check_sees_a_far_bound_and_a_changed_act_fn():
         training_step(model)
 
 
+def test_the_activation_check_sees_an_instance_override():
+    """transformers' own implementations call ``self._apply_gate``, an override set on the instance
+    included: "swiglu_ops" checks that one too (it checked the class's and ran the fused SwiGLU where
+    grouped_mm ran the override: 4.2 apart on outputs of 141); patch_gpt_oss's fused one counts as the
+    class's."""
+    import types
+
+    model = qwen3_moe("swiglu_ops")
+    training_step(model)  # checked and cached with the class's activation
+    for module in model.modules():
+        if hasattr(module, "act_fn") and hasattr(module, "gate_up_proj"):
+            module._apply_gate = types.MethodType(
+                lambda self, gu: torch.nn.functional.gelu(gu.chunk(2, -1)[0]) * gu.chunk(2, -1)[1], module
+            )
+    with pytest.raises(NotImplementedError, match="gated activation is not"):
+        training_step(model)
+    patched = swiglu_ops.integrations.patch_gpt_oss(gpt_oss())
+    patched.set_experts_implementation("swiglu_ops")
+    training_step(patched)  # the fused gate of patch_gpt_oss: accepted
+
+
 def test_patch_gpt_oss_and_the_registered_implementation_agree():
     """patch_gpt_oss (the activation swapped inside HF's own paths) and "swiglu_ops" run the same fused
     function: the same step, up to the fp32 tolerance (their GEMM paths are HF's and the same)."""

@@ -32,6 +32,7 @@ __all__ = ["patch_gpt_oss", "unpatch_gpt_oss", "is_patched"]
 #: GPT-OSS adds 1 to the clipped up projection (``(up + 1) * glu``); it is not a config attribute.
 GPT_OSS_BIAS = 1.0
 _MARK = "_swiglu_ops_backend"
+_ABSENT = object()
 
 
 def _experts_class():
@@ -58,6 +59,9 @@ class _FusedApplyGate:
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
+        # what the instance held before the patch (an override of _apply_gate, a backend of the swiglu_ops
+        # experts implementations), put back by unpatch_gpt_oss
+        self.saved = {name: module.__dict__.get(name, _ABSENT) for name in ("_apply_gate", _MARK)}
 
     def __call__(self, gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         m = self.module
@@ -68,10 +72,11 @@ class _FusedApplyGate:
 
 
 def _check_same_function(experts, backend: str) -> None:
-    """The patch assumes that the module's ``_apply_gate`` (its class's: Hugging Face's, or a subclass's
-    own) is the GPT-OSS clipped SwiGLU (module docstring). A probe in fp32 (values on both sides of
-    +-limit) catches a transformers version or a subclass where it is not."""
-    original = type(experts)._apply_gate
+    """The patch assumes that the module's ``_apply_gate`` (the one it runs: its class's, Hugging Face's or a
+    subclass's, or one set on the instance) is the GPT-OSS clipped SwiGLU (module docstring). A probe in
+    fp32 (values on both sides of +-limit) catches a transformers version, a subclass or an override where
+    it is not."""
+    original = experts._apply_gate  # a bound method of the class, or the instance's own
     device = next((p.device for p in experts.parameters()), torch.device("cpu"))
     if device.type == "meta":  # parameters without data (init_empty_weights, FSDP2's meta init): the probe
         device, backend = torch.device("cpu"), "reference"  # reads none of them, so it runs on CPU
@@ -79,7 +84,7 @@ def _check_same_function(experts, backend: str) -> None:
     scale = limit if limit < 1e30 else 8.0
     probe = torch.linspace(-1.5, 1.5, 48, dtype=torch.float32, device=device).reshape(2, 24) * scale
     with torch.no_grad():
-        expected = original(experts, probe)
+        expected = original(probe)
         got = _FusedApplyGate(experts)(probe, backend)
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
         raise RuntimeError(
@@ -109,12 +114,13 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
     Raises:
         ValueError: the model has no ``GptOssExperts`` module; its ``swiglu_limit`` is not > 0 (the
             operator's rule, from the probe); ``backend`` is not a backend's name.
-        TypeError: ``backend`` is not a string.
-        RuntimeError: a module's class (the installed transformers' ``GptOssExperts``, or a subclass)
-            computes another activation (checked on a probe).
+        TypeError: ``backend`` is not a string; ``model`` is not a module.
+        RuntimeError: a module computes another activation (its class's, the installed transformers'
+            ``GptOssExperts`` or a subclass, or an ``_apply_gate`` set on the instance; checked on a probe).
 
     Every module is checked before any is changed: when it raises, nothing is patched.
     """
+    _check_model(model)
     experts_class = _experts_class()
     check_backend_name(backend)
     experts = [m for m in model.modules() if isinstance(m, experts_class)]
@@ -126,20 +132,30 @@ def patch_gpt_oss(model: torch.nn.Module, *, backend: str = "auto") -> torch.nn.
         if not is_patched(module):
             _check_same_function(module, backend)
     for module in experts:
-        setattr(module, _MARK, backend)
         if not is_patched(module):
             module._apply_gate = _FusedApplyGate(module)
+        setattr(module, _MARK, backend)
     return model
 
 
+def _check_model(model) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 def unpatch_gpt_oss(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo :func:`patch_gpt_oss`: every patched ``GptOssExperts`` of ``model`` computes Hugging Face's own
-    activation again (bit for bit the never-patched model). Modules that are not patched are left alone.
-    Returns ``model``."""
+    """Undo :func:`patch_gpt_oss`: every patched ``GptOssExperts`` of ``model`` computes the activation it
+    ran before again (Hugging Face's, or an ``_apply_gate`` set on the instance; bit for bit the never-patched
+    model), with the ``_swiglu_ops_backend`` it had (none, or the user's). Modules that are not patched are
+    left alone. Returns ``model``."""
+    _check_model(model)
     for module in model.modules():
         if is_patched(module):
-            del module._apply_gate
-            delattr(module, _MARK)
+            for name, value in module._apply_gate.saved.items():
+                if value is _ABSENT:
+                    module.__dict__.pop(name, None)
+                else:
+                    setattr(module, name, value)
     return model
 
 

@@ -105,10 +105,20 @@ def _glu_params(module: torch.nn.Module) -> dict:
     else:  # silu(gate) * up
         params = dict(alpha=1.0, limit=math.inf, bias=0.0, interleaved=interleaved)
     # checked again when the parameters, the activation's class or the class's _apply_gate change
-    key = (params, type(getattr(module, "act_fn", None)), type(module)._apply_gate)
+    key = (params, type(getattr(module, "act_fn", None)), type(module)._apply_gate, _instance_gate(module))
     if module.__dict__.get(_GLU) != key and _check_activation(module, params):
         module.__dict__[_GLU] = key
     return params
+
+
+def _instance_gate(module: torch.nn.Module):
+    """An ``_apply_gate`` set on the instance (a user's override, which transformers' own implementations
+    call), or None; :func:`swiglu_ops.patch_gpt_oss`'s fused one stands for its class's (checked against it
+    when set)."""
+    from .gpt_oss import _FusedApplyGate
+
+    own = module.__dict__.get("_apply_gate")
+    return None if own is None or isinstance(own, _FusedApplyGate) else own
 
 
 def _number(value) -> bool:
@@ -120,8 +130,9 @@ def _real(value) -> bool:  # a bound: a positive number (inf included)
 
 
 def _check_activation(module: torch.nn.Module, params: dict) -> bool:
-    """The class's ``_apply_gate`` (not an instance patch) on an fp32 probe must equal ``clipped_swiglu``
-    with ``params`` (a few fp32 ulp apart: clipped_swiglu rounds once). False: not checked (no data)."""
+    """The module's ``_apply_gate`` (an override set on the instance, which transformers' implementations
+    would run, else its class's) on an fp32 probe must equal ``clipped_swiglu`` with ``params`` (a few fp32
+    ulp apart: clipped_swiglu rounds once). False: not checked (no data)."""
     weight = next((p for p in module.parameters()), None)
     device = weight.device if weight is not None else torch.device("cpu")
     if device.type == "meta":  # no data (e.g. built under init_empty_weights): checked on a later call
@@ -137,7 +148,8 @@ def _check_activation(module: torch.nn.Module, params: dict) -> bool:
     probe = probe[:, torch.randperm(32, generator=torch.Generator().manual_seed(0), device="cpu")].to(device)
     try:
         with torch.no_grad():
-            expected = type(module)._apply_gate(module, probe)
+            own = _instance_gate(module)
+            expected = own(probe) if own is not None else type(module)._apply_gate(module, probe)
             got = clipped_swiglu(probe, **params, backend="reference")
         same = got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-5, atol=1e-6)
     except Exception as exc:  # an activation that does not even run on the probe
