@@ -173,3 +173,46 @@ def test_verify_refuses_a_device_without_values(capsys):
         cli.main(["verify", "--device", "meta"])
     assert info.value.code != 0
     assert "--device meta" in capsys.readouterr().err
+
+
+def test_the_check_rule_is_the_contracts_on_every_format():
+    """verify's and the benchmark's comparator (ops.checks over numerics.tolerances) compared raw bit
+    patterns as integers: a NaN against +0 (0xFFFF vs 0x0000 in int16) or an E4M3 NaN against -0 (0x7F vs
+    0x80) passed as one unit apart, a canonical NaN against another NaN failed, FP4 was counted per packed
+    byte (two elements changed in one byte passed), fp32 ulps were measured at |want| (7 steps passed as
+    3.5), and a wrong shape or dtype or a missing output passed or crashed. Now: the contract's rule, per
+    element."""
+    import torch
+
+    from swiglu_ops.numerics.tolerances import ulp_differences, within_near_ties
+    from swiglu_ops.ops import api, checks
+    from swiglu_ops.ops.table import PUBLIC
+
+    def bits(values, dtype, view):
+        return torch.tensor(values, dtype=view).view(dtype)
+
+    bf16, i16 = torch.bfloat16, torch.int16
+    zeros = bits([0] * 100, bf16, i16)
+    assert not within_near_ties(bits([-1] + [0] * 99, bf16, i16), zeros)  # NaN (0xFFFF) against +0
+    assert not within_near_ties(bits([1] + [0] * 99, bf16, i16), zeros)  # a subnormal against +0
+    assert within_near_ties(bits([0x7FC0] + [0] * 99, bf16, i16), bits([-1] + [0] * 99, bf16, i16))  # NaNs
+    assert within_near_ties(bits([0x3F81] + [0] * 99, bf16, i16), bits([0x3F80] + [0] * 99, bf16, i16))
+    e4m3, u8 = torch.float8_e4m3fn, torch.uint8
+    assert not within_near_ties(bits([0x7F] + [0] * 99, e4m3, u8), bits([0x80] + [0] * 99, e4m3, u8))
+    fp4 = torch.float4_e2m1fn_x2
+    base = bits([0xDF] + [0x11] * 99, fp4, u8)  # low element -6.0 (0xF), high element -0.5 (0xD)
+    assert not within_near_ties(bits([0xE0] + [0x11] * 99, fp4, u8), base)  # two elements changed
+    assert within_near_ties(bits([0xCF] + [0x11] * 99, fp4, u8), base)  # one element one code apart
+    want = torch.tensor([1.9999999, 1.0])
+    got = want.clone()
+    got.view(torch.int32)[0] -= 7
+    assert ulp_differences(got, want) == (1, 7.0)
+
+    op = next(o for o in PUBLIC if o.name == "swiglu_group_grad")
+    gy, x = torch.zeros(4, 8, dtype=bf16), torch.ones(4, 16, dtype=bf16)
+    w = torch.ones(4)
+    values = checks.call_values(api.swiglu_group_grad, (gy, x), {"weight": w, "y_origin": gy})
+    want = api.swiglu_group_grad(gy, x, weight=w, y_origin=gy, backend="reference")
+    for got in ((want[0][:1], want[1]), (want[0].half(), want[1]), (want[0], None)):
+        assert not all(ok for _, ok in checks.compare_outputs(op, values, got, want))
+    assert all(ok for _, ok in checks.compare_outputs(op, values, want, want))

@@ -254,6 +254,19 @@ def test_swiglu_mx_backward_forward_under_inductor_is_eager_bit_for_bit(dtype):
     torch._dynamo.reset()
     fn = torch.compile(lambda t: swiglu_ops.swiglu_mx_backward(t, backend="reference"), fullgraph=True)
     assert torch.equal(fn(x), swiglu_ops.swiglu_mx_backward(x, backend="reference"))
+    # a transposed x too (the opaque op's result is contiguous, as its fake kernel says: a review found the
+    # compiled call failing on the strides), and every opaque op under opcheck on such inputs
+    xt = (torch.randn(128, 64, generator=torch.Generator().manual_seed(6)) * 4).to(dtype).t()
+    assert torch.equal(fn(xt), swiglu_ops.swiglu_mx_backward(xt, backend="reference"))
+    glu = (False, True, False, 1.0, float("inf"), 0.0, 0)
+    dy = torch.randn(64, 64, dtype=dtype).t()
+    ops = torch.ops.swiglu_ops
+    torch.library.opcheck(ops._glu_forward_rounded, (xt, None, *glu))
+    torch.library.opcheck(ops._glu_backward_rounded, (xt, dy, None, *glu))
+    torch.library.opcheck(ops._glu_act16_sums, (dy, xt, *glu))
+    torch.library.opcheck(
+        ops._mx_e4m3_blocks, (torch.randn(4, 32, 8).to(torch.bfloat16).permute(0, 2, 1), -1)
+    )
 
 
 _WRAPPERS = {

@@ -24,11 +24,11 @@ from ..numerics.tolerances import (
     GRAD_WEIGHT_RTOL,
     clipped_grad_terms,
     group_grad_terms,
+    near_tie_differences,
     norm_magnitude,
     relative_error,
     sum_magnitude,
     ulp_differences,
-    unit_differences,
     within_near_ties,
 )
 from .table import OpDef
@@ -46,7 +46,10 @@ def call_values(fn, args: tuple, kwargs: dict) -> dict:
 
 def _near_ties(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[str, bool]:
     got, want = got.cpu(), want.cpu()
-    return f"{name} {unit_differences(got, want)[0]} differ", within_near_ties(got, want)
+    count, far = near_tie_differences(got, want)
+    return f"{name} {count} differ" + (f" ({far} beyond a near tie)" if far else ""), within_near_ties(
+        got, want
+    )
 
 
 def _grad_weight_terms(values: dict) -> torch.Tensor | None:
@@ -91,12 +94,24 @@ def compare_outputs(op: OpDef, values: dict, got, want) -> list[tuple[str, bool]
     """One ``(what was found, within the contract)`` per output that the reference returned, for a call of
     ``op`` with ``values`` (its public function's arguments by name) that gave ``got`` on a fast backend and
     ``want`` on the reference."""
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
+    got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    if len(got) != len(want):
+        return [(f"{len(got)} outputs, the reference returns {len(want)}", False)]
     values = {**{p.name: p.default for p in op.params}, **values}  # (the defaults of what is not given)
     found = []
     for out, g, w in zip(op.returned(values), got, want, strict=True):
         if w is None:
+            if g is not None:
+                found.append((f"{out.name} given where the reference returns none", False))
+            continue
+        if not isinstance(g, torch.Tensor) or g.dtype != w.dtype or g.shape != w.shape:
+            what = (
+                "missing"
+                if g is None
+                else f"{getattr(g, 'dtype', type(g).__name__)} {tuple(getattr(g, 'shape', ()))}"
+            )
+            found.append((f"{out.name} {what}, not {w.dtype} {tuple(w.shape)}", False))
             continue
         if out.name == "grad_weight":
             found.append(_close(out.name, g, w, values))

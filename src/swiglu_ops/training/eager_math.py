@@ -57,13 +57,13 @@ torch.library.define("swiglu_ops::_mx_e4m3_blocks", "(Tensor blocks, int dim) ->
 
 
 @torch.library.impl("swiglu_ops::_glu_forward_rounded", "CompositeExplicitAutograd")
-def _forward_impl(x, weight, *glu):
-    return glu_math.forward_rounded(x, _glu(*glu), weight)
+def _forward_impl(x, weight, *glu):  # (results contiguous, as the fake kernels say, whatever x's strides)
+    return glu_math.forward_rounded(x, _glu(*glu), weight).contiguous()
 
 
 @torch.library.impl("swiglu_ops::_glu_backward_rounded", "CompositeExplicitAutograd")
 def _backward_impl(x, dy, weight, *glu):
-    return glu_math.backward_rounded(x, dy, _glu(*glu), weight)
+    return glu_math.backward_rounded(x, dy, _glu(*glu), weight).contiguous()
 
 
 def _act16_sums(dy: torch.Tensor, x: torch.Tensor, glu: GluParams) -> torch.Tensor:
@@ -72,7 +72,7 @@ def _act16_sums(dy: torch.Tensor, x: torch.Tensor, glu: GluParams) -> torch.Tens
 
 @torch.library.impl("swiglu_ops::_glu_act16_sums", "CompositeExplicitAutograd")
 def _act16_impl(dy, x, *glu):
-    return _act16_sums(dy, x, _glu(*glu))
+    return _act16_sums(dy, x, _glu(*glu)).contiguous()
 
 
 def _e4m3_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +89,9 @@ def _e4m3_blocks(blocks: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Te
     return y, codes.to(torch.uint8)
 
 
-torch.library.impl("swiglu_ops::_mx_e4m3_blocks", "CompositeExplicitAutograd")(_e4m3_blocks)
+@torch.library.impl("swiglu_ops::_mx_e4m3_blocks", "CompositeExplicitAutograd")
+def _e4m3_blocks_impl(blocks, dim):
+    return tuple(t.contiguous() for t in _e4m3_blocks(blocks, dim))
 
 
 @torch.library.register_fake("swiglu_ops::_glu_forward_rounded")
