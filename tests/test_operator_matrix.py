@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _compare import assert_bitwise_equal, assert_matches_reference, group_grad_terms, sum_magnitude
+from _compare import assert_bitwise_equal, assert_matches_reference
 from _fwd_oracles import unpacked
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import swiglu_ops
-from swiglu_ops.numerics.glu import GluParams, forward_rounded
-from swiglu_ops.numerics.tolerances import clipped_grad_terms, norm_magnitude
-from swiglu_ops.ops import api
+from swiglu_ops.ops import api, checks
 from swiglu_ops.ops.table import EXAMPLE_CASES, PUBLIC
-from swiglu_ops.ops.validate import mx_glu_params
 
 OPS = {op.name: op for op in PUBLIC}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -51,28 +48,12 @@ def _fresh_dynamo():
 
 
 def _magnitude(name, output, values, want):
-    """The size of the terms an fp32 result cancels (the contract's ulps are measured there), or None."""
+    """The size an fp32 result's difference is measured at (the cancelling terms, grad_weight's terms), or
+    None: the rule of ``swiglu-ops verify`` and the benchmark (:func:`swiglu_ops.ops.checks.error_scale`)."""
     if want.dtype != torch.float32:
         return None
-    if output == "grad_weight" and name == "swiglu_group_grad":
-        rows = want.numel()
-        return sum_magnitude(values["grad_y"].reshape(rows, -1), values["y_origin"].reshape(rows, -1)).view(
-            want.shape
-        )
-    if output == "grad_weight":  # the MX backward's: the l2 norm of y_grad * act16 per row (spec 7.1)
-        glu = mx_glu_params(values.get("activate_left", True), values.get("interleaved", False),
-                            values.get("limit"), values.get("alpha"), values.get("bias"))  # fmt: skip
-        return norm_magnitude(values["y_grad"], forward_rounded(values["x"], glu)).view(want.shape)
-    if name == "swiglu_group_grad":
-        clamp = values.get("clamp_limit", 0.0)
-        return group_grad_terms(values["grad_y"], values["x"], values.get("weight"), clamp)
-    if name == "clipped_swiglu_grad":
-        kw = {k: values[k] for k in ("alpha", "limit", "bias", "interleaved") if k in values}
-        glu = GluParams(
-            clipped=True, **{"alpha": 1.702, "limit": 7.0, "bias": 1.0, "interleaved": True, **kw}
-        )
-        return clipped_grad_terms(values["grad_y"], values["x"], glu, values.get("dim", -1))
-    return None
+    scale = checks.error_scale(OPS[name], output, checks.with_defaults(OPS[name], values))
+    return None if scale is None else scale.reshape(want.shape)
 
 
 def _comparable(t):

@@ -39,7 +39,7 @@ write memory.
 
 Every case's results are also checked against the reference backend's on the same inputs
 (:func:`swiglu_ops.ops.checks.compare_outputs`, the rule of ``swiglu-ops verify``: bitwise but for the
-contract's near ties, grad_weight within its relative tolerance): a fast kernel that is wrong is reported
+contract's near ties, fp32 within 4 ulp, grad_weight within its relative tolerance): a fast kernel that is wrong is reported
 (``check``; ``RESULTS DIFFER`` under the table) and makes the command fail, however fast it ran. The sweep
 checks its cases up to 8192 rows.
 

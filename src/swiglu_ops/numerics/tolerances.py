@@ -100,12 +100,17 @@ def near_tie_differences(got: torch.Tensor, want: torch.Tensor) -> tuple[int, in
     return int(differ.sum()), int(far.sum())
 
 
-def within_near_ties(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """The near-tie rule: no element further than one unit, and few enough one unit apart (counted per
-    element: an FP4 byte holds two)."""
+def near_tie_verdict(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int, bool]:
+    """:func:`near_tie_differences` and the near-tie rule's verdict on them: no element further than one
+    unit, and few enough one unit apart (counted per element: an FP4 byte holds two)."""
     count, far = near_tie_differences(got, want)
     elements = want.numel() * (2 if want.dtype == torch.float4_e2m1fn_x2 else 1)
-    return far == 0 and count <= allowed_near_ties(elements)
+    return count, far, far == 0 and count <= allowed_near_ties(elements)
+
+
+def within_near_ties(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """The near-tie rule (:func:`near_tie_verdict`)."""
+    return near_tie_verdict(got, want)[2]
 
 
 def _columns(values, x: torch.Tensor, cols) -> torch.Tensor:

@@ -195,7 +195,7 @@ def swiglu_group_grad(dy, x, weight, y_origin, valid_rows, clamp, grad_x, grad_w
 def small_numerators(glu, dtype: torch.dtype, hw_cvt: bool) -> bool:
     """Whether the MX forward's approximate quotient (the ``HW_CVT`` path) may meet fp32-subnormal numerators,
     where its quarter-scaled numerator is inexact and the kernel needs the form that scales the reciprocal
-    instead (constexpr ``SMALL_NUM``, three more instructions per element): fp32 inputs (widened bf16/fp16
+    instead (constexpr ``SMALL_NUM``, two more SASS instructions per element): fp32 inputs (widened bf16/fp16
     values, subnormals included, stay exact under the quarter), or a clipped SwiGLU whose ``limit`` (A~'s
     upper bound, a numerator) lies below 2**-100."""
     return hw_cvt and (dtype == torch.float32 or (glu.clipped and glu.limit < 2.0**-100))
