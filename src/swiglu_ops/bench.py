@@ -39,9 +39,9 @@ write memory.
 
 Every case's results are also checked against the reference backend's on the same inputs
 (:func:`swiglu_ops.ops.checks.compare_outputs`, the rule of ``swiglu-ops verify``: bitwise but for the
-contract's near ties, fp32 within 4 ulp, grad_weight within its relative tolerance): a fast kernel that is wrong is reported
-(``check``; ``RESULTS DIFFER`` under the table) and makes the command fail, however fast it ran. The sweep
-checks its cases up to 8192 rows.
+contract's near ties, fp32 within 4 ulp, grad_weight within its relative tolerance): a fast kernel that is
+wrong is reported (``check``; ``RESULTS DIFFER`` under the table) and makes the command fail, however fast
+it ran. The sweep checks its cases up to 8192 rows.
 
 Writes ``bench_cpu.csv`` and ``bench_cpu.json`` (with the first-call latency of each operator in a fresh
 interpreter) and ``bench_cpu.png`` (% of copy roofline and time over sizes) into ``--out``.
