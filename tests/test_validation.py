@@ -829,6 +829,18 @@ REJECTED = [
         )
     ),
     (
+        "patch_gpt_oss: a non-module",
+        lambda: swiglu_ops.integrations.patch_gpt_oss("model"),
+        TypeError,
+        "model must be a torch.nn.Module, got str",
+    ),
+    (
+        "unpatch_gpt_oss: a non-module",
+        lambda: swiglu_ops.integrations.unpatch_gpt_oss(["model"]),
+        TypeError,
+        "model must be a torch.nn.Module, got list",
+    ),
+    (
         "mx backward wrapper: capture a dict",
         lambda: swiglu_ops.swiglu_mx_backward(ones(4, 64), capture={}),
         TypeError,
